@@ -1,0 +1,1 @@
+"""Model builders (being written)."""

@@ -1,0 +1,18 @@
+"""Test set-up: split the CPU into 4 logical devices before TensorFlow initialises.
+
+This runs at import time, before any test module creates a TensorFlow op, so every test can
+place work on `/CPU:0` .. `/CPU:3`.
+"""
+
+import os
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tf_spectrain  # noqa: E402
+
+NUM_DEVICES = 4
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    DEVICES = tf_spectrain.setup_devices(NUM_DEVICES)

@@ -1,0 +1,18 @@
+"""tf_spectrain: pipelined model parallelism with SpecTrain weight prediction for Keras.
+
+Vocabulary used throughout the package (see SPECTRAIN.md):
+
+- `k`: a stage index, `0..N-1`; stage 0 holds the input, stage N-1 the loss.
+- `i`: a mini-batch index within an epoch, `0..T-1`.
+- `s`: a version gap: how many optimizer updates ahead a weight prediction looks.
+
+Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, then build a model with
+`tf_spectrain.models.get_model(...)`.
+"""
+
+from tf_spectrain import data, models
+from tf_spectrain.devices import setup_devices
+
+__version__ = "0.1.0"
+
+__all__ = ["data", "models", "setup_devices", "__version__"]
