@@ -1,1 +1,13 @@
-"""Model builders (being written)."""
+"""The model zoo: Keras functional models with readable layer names for pipeline cuts.
+
+    from tf_spectrain import models
+
+    models.model_names()   # ['mlp', 'resnet20', 'resnet50', 'resnet56', 'small_cnn', 'vgg16']
+    model = models.get_model("vgg16", input_shape=(32, 32, 3), num_classes=10)
+
+Every model outputs logits (no softmax) and is named after its registry name.
+"""
+
+from .registry import get_model, model_names
+
+__all__ = ["get_model", "model_names"]

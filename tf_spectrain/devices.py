@@ -95,9 +95,16 @@ def _existing_or_raise(n, gpus):
     )
 
 
+def split_counts(num_physical, n):
+    """How many logical devices each of `num_physical` devices gets so that there are `n`.
+
+    As even as possible, the first devices taking one more: `split_counts(3, 8) == [3, 3, 2]`.
+    """
+    return [n // num_physical + (1 if i < n % num_physical else 0) for i in range(num_physical)]
+
+
 def _split_gpus(gpus, n):
-    per_gpu = [n // len(gpus) + (1 if i < n % len(gpus) else 0) for i in range(len(gpus))]
-    for gpu, count in zip(gpus, per_gpu):
+    for gpu, count in zip(gpus, split_counts(len(gpus), n)):
         total_mb = _gpu_memory_mb(gpu)
         limit = max(256, int(total_mb * 0.9) // count) if total_mb else 1024
         tf.config.set_logical_device_configuration(

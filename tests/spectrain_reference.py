@@ -1,0 +1,452 @@
+"""An independent NumPy reference of SPECTRAIN.md, for an MLP, used to check the real pipeline.
+
+This module knows nothing of TensorFlow or of `tf_spectrain`: it re-derives the training
+semantics of `/work/shared/SPECTRAIN.md` from the page alone, so that the library's pipeline
+can be compared with it to float tolerance.
+
+The network is a stack of Dense layers as in Keras, `y = x @ W + b` with `W` of shape
+`(in, out)`, ReLU after every layer except the last, which gives logits. The loss is the batch
+mean of softmax cross-entropy with integer labels (Keras
+`SparseCategoricalCrossentropy(from_logits=True)`). Everything runs in float64.
+
+Vocabulary (as in SPECTRAIN.md): `N` stages, stage `k`; `T` mini-batches per epoch,
+mini-batch `i`; `F(i)` / `B(i)` forward / backward passes; `s` a version gap.
+
+The asynchronous modes are simulated by an event loop over the per-stage instruction lists
+of section 3: at each step it runs one stage whose next instruction has its inputs ready.
+Which ready stage runs is chosen by `pick`; the result must not depend on it.
+
+The optimizer is Keras' SGD (nesterov off): optional decoupled weight decay
+`W = W - W * wd * lr`, then `m = momentum * m - lr * g; W = W + m`. At momentum 0 the buffer
+holds the last step `-lr * g` (Keras keeps no buffer there, with the same weights), so one
+predicted step still equals one real step, as SPECTRAIN.md section 4 states.
+"""
+
+import collections
+
+import numpy as np
+
+MODES = ("sync", "vanilla", "stash", "spectrain")
+TARGETS = ("paper", "consistent")
+
+Event = collections.namedtuple(
+    "Event", ["epoch", "stage", "kind", "batch", "updates", "weights"]
+)
+Event.__doc__ = """One pass recorded by `train_reference(..., trace=[])`.
+
+Fields: `epoch`; `stage` k; `kind` "F" or "B"; `batch` i (the mini-batch index in the epoch);
+`updates`, the number of updates the stage had finished in this epoch before the pass;
+`weights`, a tuple of copies of the arrays the pass used, `(W, b)` per layer, flattened.
+In `sync` mode with micro-batches there is one event per micro-batch.
+"""
+
+
+# --- schedule (pure) ----------------------------------------------------------------------
+
+
+def stage_instructions(num_stages, num_batches):
+    """Per-stage instruction lists of the asynchronous 1F1B schedule (SPECTRAIN.md section 3).
+
+    Stage k runs `F(0) .. F(w_k - 1)`, then for each i: `B(i)`, `F(i + w_k)` (if it exists),
+    with `w_k = min(N - k, T)` warm-up forwards.
+
+    Args:
+        num_stages: N, a positive int.
+        num_batches: T, a positive int.
+
+    Returns:
+        A list of N lists of `(kind, i)` tuples, `kind` in {"F", "B"}.
+    """
+    programs = []
+    for k in range(num_stages):
+        warmup = min(num_stages - k, num_batches)
+        program = [("F", i) for i in range(warmup)]
+        for i in range(num_batches):
+            program.append(("B", i))
+            if i + warmup < num_batches:
+                program.append(("F", i + warmup))
+        programs.append(program)
+    return programs
+
+
+def version_gaps(num_stages, stage, target="paper"):
+    """SpecTrain's version gaps `(s_f, s_b)` for one stage.
+
+    Args:
+        num_stages: N.
+        stage: k, 0-based, k = 0 at the input.
+        target: "paper" (`s_f = k // 2 + N - 1 - k`, `s_b = k // 2`) or "consistent"
+            (`s_f = N - 1 - k`; the backward reuses the forward's weights, so `s_b = s_f`).
+
+    Returns:
+        A pair of ints `(s_f, s_b)`.
+    """
+    if target == "consistent":
+        gap = num_stages - 1 - stage
+        return gap, gap
+    return stage // 2 + num_stages - 1 - stage, stage // 2
+
+
+# --- the network, one stage at a time -----------------------------------------------------
+
+
+def stage_forward(x, weights, final):
+    """Runs one stage: Dense layers with ReLU after each, except after the network's last.
+
+    Args:
+        x: (B, in) array, the stage input.
+        weights: flat list `[W0, b0, W1, b1, ...]` of the stage's layers.
+        final: whether this stage holds the network's last layer (no ReLU after it).
+
+    Returns:
+        A list of activations: the input first, then each layer's output.
+    """
+    acts = [x]
+    num_layers = len(weights) // 2
+    for layer in range(num_layers):
+        w, b = weights[2 * layer], weights[2 * layer + 1]
+        z = acts[-1] @ w + b
+        if not (final and layer == num_layers - 1):
+            z = np.maximum(z, 0.0)
+        acts.append(z)
+    return acts
+
+
+def loss_and_gradient(logits, labels):
+    """Mean softmax cross-entropy with integer labels and its gradient w.r.t. the logits.
+
+    Args:
+        logits: (B, C) array.
+        labels: (B,) int array.
+
+    Returns:
+        `(loss, d_logits)`: the batch-mean loss (float) and a (B, C) array.
+    """
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    rows = np.arange(len(labels))
+    loss = -log_probs[rows, labels].mean()
+    d_logits = np.exp(log_probs)
+    d_logits[rows, labels] -= 1.0
+    return float(loss), d_logits / len(labels)
+
+
+def stage_vjp(x, weights, final, upstream):
+    """Vector-Jacobian product of one stage, recomputing its forward at `weights`.
+
+    Args:
+        x: (B, in) array, the stage input.
+        weights: flat list `[W0, b0, ...]` at which the stage function is differentiated.
+        final: whether this stage holds the network's last layer.
+        upstream: the gradient w.r.t. the stage output (for the last stage: w.r.t. the
+            logits, e.g. from `loss_and_gradient`).
+
+    Returns:
+        `(grads, d_x)`: grads as a flat list matching `weights`, and the gradient w.r.t. `x`.
+    """
+    acts = stage_forward(x, weights, final)
+    num_layers = len(weights) // 2
+    grads = [None] * len(weights)
+    delta = upstream
+    for layer in reversed(range(num_layers)):
+        if not (final and layer == num_layers - 1):
+            delta = delta * (acts[layer + 1] > 0.0)
+        grads[2 * layer] = acts[layer].T @ delta
+        grads[2 * layer + 1] = delta.sum(axis=0)
+        delta = delta @ weights[2 * layer].T
+    return grads, delta
+
+
+# --- per-stage optimizer state ------------------------------------------------------------
+
+
+class _Stage:
+    """One stage's weights, Keras-SGD momentum buffers and update count."""
+
+    def __init__(self, weights, final):
+        self.weights = [np.array(w, dtype=np.float64) for w in weights]
+        self.momentum = [np.zeros_like(w) for w in self.weights]
+        self.final = final
+        self.updates = 0  # updates finished in the current epoch
+
+    def predicted(self, gap):
+        """Returns `cur + gap * m` as new arrays (copies of `cur` when gap is 0)."""
+        return [w + gap * m for w, m in zip(self.weights, self.momentum)]
+
+    def apply(self, grads, lr, momentum, weight_decay):
+        """Applies one Keras SGD step to the current weights."""
+        for w, m, g in zip(self.weights, self.momentum, grads):
+            if weight_decay is not None:
+                w -= w * weight_decay * lr
+            # SPECTRAIN.md's rule, literally, also at momentum 0: the buffer then holds the
+            # last step (-lr * g), so one predicted step still equals one real step.
+            m[...] = m * momentum - g * lr
+            w += m
+        self.updates += 1
+
+
+# --- execution ----------------------------------------------------------------------------
+
+
+def _weights_for(mode, target, stage, k, num_stages, kind, stashed):
+    """The weights a pass uses, per the mode table of SPECTRAIN.md section 4."""
+    if kind == "B" and (mode == "stash" or (mode == "spectrain" and target == "consistent")):
+        return stashed
+    if mode == "spectrain":
+        s_f, s_b = version_gaps(num_stages, k, target)
+        return stage.predicted(s_f if kind == "F" else s_b)
+    return stage.predicted(0)  # vanilla, stash forward: the current weights
+
+
+def _record(trace, epoch, k, kind, i, stage, weights):
+    if trace is not None:
+        copies = tuple(np.array(w) for w in weights)
+        trace.append(Event(epoch, k, kind, i, stage.updates, copies))
+
+
+def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
+    """Runs one epoch of the asynchronous pipeline with an event loop; returns the losses."""
+    num_stages, num_batches = len(stages), len(batches)
+    programs = stage_instructions(num_stages, num_batches)
+    position = [0] * num_stages
+    inputs = [dict() for _ in range(num_stages)]  # x_k(i), kept from F(i) until B(i)
+    grads_in = [dict() for _ in range(num_stages)]  # d_k(i), from stage k + 1
+    stashed = [dict() for _ in range(num_stages)]  # forward weights, where B reuses them
+    losses = [None] * num_batches
+    inputs[0] = {i: x for i, (x, _) in enumerate(batches)}
+    for stage in stages:
+        stage.updates = 0
+
+    def ready(k):
+        if position[k] == len(programs[k]):
+            return False
+        kind, i = programs[k][position[k]]
+        if kind == "F":
+            return i in inputs[k]
+        return k == num_stages - 1 or i in grads_in[k]
+
+    while any(position[k] < len(programs[k]) for k in range(num_stages)):
+        candidates = [k for k in range(num_stages) if ready(k)]
+        if not candidates:
+            raise RuntimeError(f"Schedule deadlock at positions {position}.")
+        k = pick(candidates)
+        if k not in candidates:
+            raise ValueError(
+                f"`pick` must return one of the ready stages {candidates}. Received: {k!r}"
+            )
+        kind, i = programs[k][position[k]]
+        position[k] += 1
+        stage = stages[k]
+        weights = _weights_for(opts["mode"], opts["target"], stage, k, num_stages, kind,
+                               stashed[k].get(i))
+        _record(trace, epoch, k, kind, i, stage, weights)
+        if kind == "F":
+            stashed[k][i] = weights
+            out = stage_forward(inputs[k][i], weights, stage.final)[-1]
+            if stage.final:
+                losses[i] = loss_and_gradient(out, batches[i][1])[0]
+            else:
+                inputs[k + 1][i] = out
+            continue
+        if stage.final:
+            logits = stage_forward(inputs[k][i], weights, True)[-1]
+            upstream = loss_and_gradient(logits, batches[i][1])[1]
+        else:
+            upstream = grads_in[k].pop(i)
+        grads, d_x = stage_vjp(inputs[k].pop(i), weights, stage.final, upstream)
+        del stashed[k][i]
+        if k > 0:
+            grads_in[k - 1][i] = d_x
+        stage.apply(grads, opts["lr"], opts["momentum"], opts["weight_decay"])
+    return losses
+
+
+def _run_sync_epoch(stages, batches, epoch, opts, trace):
+    """Sequential SGD: each mini-batch (as M micro-batches) through all stages, then updates."""
+    losses = []
+    num_micro = opts["micro_batches"]
+    for stage in stages:
+        stage.updates = 0
+    for i, (x, y) in enumerate(batches):
+        sums = [None] * len(stages)
+        batch_loss = 0.0
+        for xm, ym in zip(np.split(x, num_micro), np.split(y, num_micro)):
+            stage_inputs = [xm]
+            for k, stage in enumerate(stages):
+                _record(trace, epoch, k, "F", i, stage, stage.weights)
+                stage_inputs.append(stage_forward(stage_inputs[-1], stage.weights, stage.final)[-1])
+            loss, upstream = loss_and_gradient(stage_inputs[-1], ym)
+            batch_loss += loss / num_micro
+            for k in reversed(range(len(stages))):
+                _record(trace, epoch, k, "B", i, stages[k], stages[k].weights)
+                grads, upstream = stage_vjp(stage_inputs[k], stages[k].weights,
+                                            stages[k].final, upstream)
+                sums[k] = grads if sums[k] is None else [a + g for a, g in zip(sums[k], grads)]
+        for stage, total in zip(stages, sums):
+            stage.apply([g / num_micro for g in total], opts["lr"], opts["momentum"],
+                        opts["weight_decay"])
+        losses.append(batch_loss)
+    return losses
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+def _check_params(params):
+    if not isinstance(params, (list, tuple)) or not params:
+        raise ValueError(f"`params` must be a non-empty list of (W, b) pairs. Received: {params!r}")
+    for layer, pair in enumerate(params):
+        if len(pair) != 2:
+            raise ValueError(
+                f"`params[{layer}]` must be a (W, b) pair. Received {len(pair)} items."
+            )
+        w, b = np.asarray(pair[0]), np.asarray(pair[1])
+        if w.ndim != 2 or b.shape != (w.shape[1],):
+            raise ValueError(
+                f"`params[{layer}]` must hold W of shape (in, out) and b of shape (out,). "
+                f"Received: W.shape={w.shape}, b.shape={b.shape}"
+            )
+        if layer and np.shape(params[layer - 1][0])[1] != w.shape[0]:
+            raise ValueError(
+                f"`params[{layer}]` takes {w.shape[0]} inputs but layer {layer - 1} gives "
+                f"{np.shape(params[layer - 1][0])[1]} outputs."
+            )
+
+
+def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, epochs,
+                     momentum):
+    _check_params(params)
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
+    if target not in TARGETS:
+        raise ValueError(f"`target` must be one of {TARGETS}. Received: target={target!r}")
+    if target != "paper" and mode != "spectrain":
+        raise ValueError(
+            f"`target` applies to mode 'spectrain' only. Received: target={target!r}, "
+            f"mode={mode!r}"
+        )
+    sizes = list(stage_sizes)
+    bad_size = any(not isinstance(s, (int, np.integer)) or s < 1 for s in sizes)
+    if not sizes or bad_size or sum(sizes) != len(params):
+        raise ValueError(
+            f"`stage_sizes` must be positive ints summing to the number of layers "
+            f"({len(params)}). Received: stage_sizes={stage_sizes!r}"
+        )
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"`epochs` must be a positive int. Received: epochs={epochs!r}")
+    if not 0 <= momentum <= 1:
+        raise ValueError(f"`momentum` must be a float in [0, 1]. Received: momentum={momentum!r}")
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(
+            f"`micro_batches` must be a positive int. Received: micro_batches={micro_batches!r}"
+        )
+    if micro_batches > 1 and mode != "sync":
+        raise ValueError(
+            f"`micro_batches` > 1 needs mode 'sync'. Received: micro_batches={micro_batches}, "
+            f"mode={mode!r}"
+        )
+    if not batches:
+        raise ValueError("`batches` must be a non-empty list of (x, y) pairs. Received: []")
+    for i, (x, y) in enumerate(batches):
+        width = np.shape(params[0][0])[0]
+        if np.ndim(x) != 2 or np.shape(x)[1] != width or np.shape(y) != (len(x),):
+            raise ValueError(
+                f"`batches[{i}]` must be (x, y) with x of shape (B, {width}) "
+                f"and y of shape (B,). Received: x.shape={np.shape(x)}, y.shape={np.shape(y)}"
+            )
+        classes = np.shape(params[-1][0])[1]
+        if len(y) and (not np.issubdtype(np.asarray(y).dtype, np.integer)
+                       or np.min(y) < 0 or np.max(y) >= classes):
+            raise ValueError(
+                f"`batches[{i}]` labels must be ints in [0, {classes}). Received: "
+                f"y={np.asarray(y)!r}"
+            )
+        if len(x) % micro_batches:
+            raise ValueError(
+                f"`micro_batches` must divide every batch size. Received: "
+                f"micro_batches={micro_batches}, len(batches[{i}][0])={len(x)}"
+            )
+
+
+# --- public entry points ------------------------------------------------------------------
+
+
+def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=1,
+                    target="paper", micro_batches=1, weight_decay=None, pick=min, trace=None):
+    """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
+
+    Args:
+        params: list of `(W, b)` arrays per layer, the initial weights (not modified).
+        stage_sizes: list of positive ints, the number of consecutive layers in each stage;
+            its sum is the number of layers.
+        batches: list of `(x, y)` mini-batches, x float (B, in), y int (B,), replayed in the
+            same order every epoch.
+        mode: "sync", "vanilla", "stash" or "spectrain".
+        lr: learning rate.
+        momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`).
+        epochs: number of epochs; the pipeline drains at the end of each, while momentum
+            buffers persist.
+        target: "paper" or "consistent"; anything but "paper" needs mode "spectrain".
+        micro_batches: M equal micro-batches per mini-batch (mode "sync" only).
+        weight_decay: optional Keras weight decay, `W = W - W * weight_decay * lr` on every
+            weight (biases included) before each step.
+        pick: callable choosing which ready stage the event loop runs next, given the list of
+            ready stage indices; the result must not depend on it.
+        trace: optional list; every pass is appended to it as an `Event`.
+
+    Returns:
+        `(final_params, losses)`: the list of `(W, b)` float64 arrays after training, and the
+        per-mini-batch losses as the last stage computed them in its forward, in order,
+        `epochs * len(batches)` floats.
+
+    Raises:
+        ValueError: if an argument is invalid, naming it and what is valid.
+    """
+    _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, epochs,
+                     momentum)
+    batches = [(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64))
+               for x, y in batches]
+    flat = [w for pair in params for w in pair]
+    stages, start = [], 0
+    for k, size in enumerate(stage_sizes):
+        stages.append(_Stage(flat[2 * start:2 * (start + size)], k == len(stage_sizes) - 1))
+        start += size
+    opts = dict(mode=mode, target=target, lr=lr, momentum=momentum,
+                weight_decay=weight_decay, micro_batches=micro_batches)
+    losses = []
+    for epoch in range(epochs):
+        if mode == "sync":
+            losses += _run_sync_epoch(stages, batches, epoch, opts, trace)
+        else:
+            losses += _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace)
+    final = [w for stage in stages for w in stage.weights]
+    return [(final[j], final[j + 1]) for j in range(0, len(final), 2)], losses
+
+
+def make_problem(seed, layer_sizes, num_batches, batch_size):
+    """A random MLP and classification batches, for tests.
+
+    Args:
+        seed: int seed of the NumPy generator.
+        layer_sizes: widths `[in, hidden..., classes]`, at least two entries.
+        num_batches: number of mini-batches.
+        batch_size: examples per mini-batch.
+
+    Returns:
+        `(params, batches)`: a list of `(W, b)` float64 arrays (Glorot-uniform W, small random
+        b), and a list of `(x, y)` with x float64 (batch_size, in), y int64 labels.
+    """
+    if len(layer_sizes) < 2:
+        raise ValueError(
+            f"`layer_sizes` needs an input and an output width. Received: {layer_sizes!r}"
+        )
+    rng = np.random.default_rng(seed)
+    params = []
+    for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:]):
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        params.append((rng.uniform(-limit, limit, (fan_in, fan_out)),
+                       rng.normal(0.0, 0.1, fan_out)))
+    batches = [(rng.normal(size=(batch_size, layer_sizes[0])),
+                rng.integers(0, layer_sizes[-1], batch_size))
+               for _ in range(num_batches)]
+    return params, batches

@@ -1,0 +1,99 @@
+"""setup_devices: in this process (already split by conftest) and in fresh subprocesses."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import tf_spectrain
+from tf_spectrain import devices
+
+from conftest import NUM_DEVICES
+
+
+def run_python(code):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_conftest_split_gives_four_logical_cpus():
+    assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_after_init_returns_existing_devices(n):
+    assert tf_spectrain.setup_devices(n) == [f"/CPU:{k}" for k in range(n)]
+
+
+def test_after_init_too_many_devices_says_to_call_it_first():
+    with pytest.raises(RuntimeError, match=r"setup_devices\(5\).*after TensorFlow had initialised"):
+        tf_spectrain.setup_devices(NUM_DEVICES + 1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", None, True])
+def test_bad_count(bad):
+    with pytest.raises(ValueError, match=r"`n` must be an integer >= 1.*Received: n="):
+        tf_spectrain.setup_devices(bad)
+
+
+@pytest.mark.parametrize(
+    "physical, n, expected",
+    [(1, 4, [4]), (2, 4, [2, 2]), (3, 8, [3, 3, 2]), (4, 5, [2, 1, 1, 1]), (2, 3, [2, 1])],
+)
+def test_split_counts(physical, n, expected):
+    counts = devices.split_counts(physical, n)
+    assert counts == expected
+    assert sum(counts) == n
+
+
+def test_fresh_process_splits_cpu_warns_and_sets_inter_op_threads():
+    out = run_python(
+        """
+        import warnings
+        import tensorflow as tf
+        import tf_spectrain
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            names = tf_spectrain.setup_devices(3)
+        print(names)
+        print(len(tf.config.list_logical_devices("CPU")))
+        print(tf.config.threading.get_inter_op_parallelism_threads())
+        print(any("logical devices" in str(x.message) for x in w))
+        with tf.device(names[2]):
+            t = tf.constant(1.0) + 1.0
+        print(t.device)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "['/CPU:0', '/CPU:1', '/CPU:2']"
+    assert lines[1] == "3"
+    assert int(lines[2]) >= 3
+    assert lines[3] == "True"
+    assert lines[4].endswith("CPU:2")
+
+
+def test_fresh_process_too_late_raises_clear_error():
+    out = run_python(
+        """
+        import tensorflow as tf
+        import tf_spectrain
+        tf.constant(1.0)
+        try:
+            tf_spectrain.setup_devices(2)
+        except RuntimeError as e:
+            print("ERROR", e)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ERROR" in out.stdout
+    assert "Call `tf_spectrain.setup_devices(n)` at the start" in out.stdout
