@@ -1,7 +1,7 @@
 """Install tf_spectrain: the library, with the `models/` folder as `tf_spectrain.models`."""
 import pathlib
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = pathlib.Path(__file__).parent
 
@@ -29,7 +29,7 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["tf_spectrain", "tf_spectrain.models"],
+    packages=find_packages(include=["tf_spectrain", "tf_spectrain.*"]) + ["tf_spectrain.models"],
     package_dir={"tf_spectrain": "tf_spectrain", "tf_spectrain.models": "models"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -1,0 +1,80 @@
+"""Resolving `compile` arguments the way `keras.Model.compile` does: loss, metrics, optimizer."""
+
+import keras
+
+_ACCURACY = ("accuracy", "acc")
+
+
+def resolve_loss(loss):
+    """A callable loss `loss(y_true, y_pred) -> scalar` from a Keras identifier."""
+    if loss is None:
+        raise ValueError(
+            "`loss` is required: pass a Keras loss or its name, e.g. "
+            "loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True). Received: loss=None"
+        )
+    try:
+        return keras.losses.get(loss)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"`loss` is not a Keras loss. Received: loss={loss!r} ({e})") from None
+
+
+def _accuracy_for(loss):
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", "") or ""
+    name = name.lower()
+    if "sparse" in name:
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    if "binary" in name:
+        return keras.metrics.BinaryAccuracy(name="accuracy")
+    if "categorical" in name:
+        return keras.metrics.CategoricalAccuracy(name="accuracy")
+    return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+
+def resolve_metrics(metrics, loss):
+    """A list of fresh Keras metric objects from `compile`'s `metrics` argument.
+
+    "accuracy" / "acc" become the accuracy that fits the loss (sparse categorical for a
+    sparse categorical cross-entropy, and so on), as in `keras.Model.compile`.
+    """
+    if metrics is None:
+        return []
+    if not isinstance(metrics, (list, tuple)):
+        raise TypeError(
+            "`metrics` must be a list of Keras metrics or their names. "
+            f"Received: metrics={metrics!r}"
+        )
+    resolved = []
+    for m in metrics:
+        if isinstance(m, str) and m in _ACCURACY:
+            resolved.append(_accuracy_for(loss))
+            continue
+        try:
+            metric = keras.metrics.get(m)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"`metrics` must hold Keras metrics or their names. Received: metric {m!r}"
+            ) from None
+        if not isinstance(metric, keras.metrics.Metric):
+            metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(m, "__name__", str(m)))
+        resolved.append(metric)
+    return resolved
+
+
+def resolve_optimizer(optimizer):
+    """A Keras optimizer from an instance or a name."""
+    if optimizer is None:
+        raise ValueError(
+            "`optimizer` is required, e.g. optimizer=tf_spectrain.SpecTrainSGD("
+            "learning_rate=0.01, momentum=0.9). Received: optimizer=None"
+        )
+    try:
+        return keras.optimizers.get(optimizer)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"`optimizer` must be a Keras optimizer. Received: optimizer={optimizer!r}"
+        ) from None
+
+
+def clone_optimizer(optimizer):
+    """A fresh optimizer with the same configuration (each stage gets its own)."""
+    return optimizer.__class__.from_config(optimizer.get_config())

@@ -1,0 +1,23 @@
+"""Cut a Keras functional model into pipeline stages and place them on devices.
+
+- `split_model(model, cuts)`: stage sub-models that share the model's layers.
+- `describe_stages(model, cuts)`: a `StageSpec` per stage (layers, crossing shapes).
+- `default_cuts(model, num_stages)`: balanced cut layers; `plan_cuts` is the pure planner.
+- `place_stages(stages, devices)`: a copy of each stage on its device;
+  `copy_weights(src_models, dst_models)` copies weights back.
+"""
+
+from tf_spectrain.partition.cuts import default_cuts
+from tf_spectrain.partition.placement import copy_weights, place_stages
+from tf_spectrain.partition.planner import plan_cuts
+from tf_spectrain.partition.stages import StageSpec, describe_stages, split_model
+
+__all__ = [
+    "StageSpec",
+    "copy_weights",
+    "default_cuts",
+    "describe_stages",
+    "place_stages",
+    "plan_cuts",
+    "split_model",
+]

@@ -1,0 +1,147 @@
+"""Cut points: check the ones a user names, or plan balanced ones.
+
+A cut is the name of a layer that ENDS a stage; `N - 1` cuts make `N` stages. Internally
+a cut is the layer's position in the model's topological order (see `graph.py`).
+"""
+
+import difflib
+
+from tf_spectrain.partition.graph import read_graph
+from tf_spectrain.partition.planner import plan_cuts
+
+
+def resolve_cuts(graph, cuts):
+    """Checks `cuts` against a model graph and returns their positions.
+
+    Args:
+        graph: a `ModelGraph` from `read_graph`.
+        cuts: list (or tuple) of layer names, each ending a stage, in model order.
+
+    Returns:
+        The list of positions of the cut layers, strictly increasing.
+
+    Raises:
+        TypeError: if `cuts` is not a list of strings.
+        ValueError: if a name is not a layer of the model, is an input layer, is
+            repeated, the cuts are out of order, or a cut leaves the last stage empty.
+    """
+    _check_types(cuts)
+    names = graph.names
+    where = {name: p for p, name in enumerate(names)}
+    positions = []
+    for name in cuts:
+        if name not in where:
+            raise ValueError(_unknown_name_message(graph, cuts, name))
+        positions.append(where[name])
+    _check_order(cuts, positions, names)
+    if positions and positions[-1] == len(names) - 1:
+        raise ValueError(
+            f"`cuts` must leave at least one layer for the last stage, but "
+            f"'{names[-1]}' is the model's last layer, so the last stage would be empty. "
+            f"Remove it from `cuts` or cut earlier. Received: cuts={list(cuts)}"
+        )
+    return positions
+
+
+def default_cuts(model, num_stages):
+    """Picks cut layers that give stages with about equal parameter counts.
+
+    Candidate cuts are the layers after which exactly one tensor crosses, so VGG-style
+    models are cut between layers and ResNets at the outputs of residual blocks. Among
+    those, `plan_cuts` minimises the largest stage's parameter count (then evens out the
+    rest; ties go to later cuts, so weightless layers such as pooling stay with the
+    layer before them).
+
+    Args:
+        model: a functional `keras.Model` or a built `keras.Sequential`.
+        num_stages: int >= 1, the number of stages.
+
+    Returns:
+        A list of `num_stages - 1` layer names, in model order, for `split_model`.
+
+    Raises:
+        TypeError: if `model` is not a Keras model or `num_stages` not an int.
+        ValueError: if the model cannot be split (see `read_graph`), or it has fewer
+            candidate cut layers than `num_stages - 1`.
+    """
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int):
+        raise TypeError(
+            "`num_stages` must be an int >= 1. "
+            f"Received: num_stages={num_stages!r} of type {type(num_stages).__name__}"
+        )
+    if num_stages < 1:
+        raise ValueError(f"`num_stages` must be >= 1. Received: num_stages={num_stages}")
+    graph = read_graph(model)
+    names = graph.names
+    last = len(names) - 1
+    allowed = [p for p in range(last) if len(graph.crossing(p)) == 1]
+    if len(allowed) < num_stages - 1:
+        candidates = [names[p] for p in allowed]
+        raise ValueError(
+            f"Cannot cut model '{model.name}' into num_stages={num_stages} stages: that "
+            f"needs {num_stages - 1} cut layers, but only {len(allowed)} layers have "
+            f"exactly one tensor crossing after them: {candidates}. Use fewer stages or "
+            "pass `cuts` explicitly."
+        )
+    costs = [call.count_params() for call in graph.calls]
+    return [names[p] for p in plan_cuts(costs, num_stages, allowed)]
+
+
+def _check_types(cuts):
+    if isinstance(cuts, str):
+        raise TypeError(
+            "`cuts` must be a list of layer names, not a single string. "
+            f"Received: cuts={cuts!r}; did you mean cuts=[{cuts!r}]?"
+        )
+    if not isinstance(cuts, (list, tuple)):
+        raise TypeError(
+            "`cuts` must be a list of layer names (strings). "
+            f"Received: cuts={cuts!r} of type {type(cuts).__name__}"
+        )
+    for name in cuts:
+        if not isinstance(name, str):
+            raise TypeError(
+                "`cuts` must contain only layer names (strings). "
+                f"Received: cuts={list(cuts)!r} including {name!r} of type "
+                f"{type(name).__name__}"
+            )
+
+
+def _unknown_name_message(graph, cuts, name):
+    received = f"Received: cuts={list(cuts)!r}"
+    if name in graph.input_layer_names:
+        return (
+            f"`cuts` must name layers that end a stage, but '{name}' is an input layer, "
+            f"so the first stage would be empty. {received}"
+        )
+    message = f"`cuts` must name layers of the model '{graph.model.name}'. {received}"
+    close = difflib.get_close_matches(name, graph.names, n=1)
+    if close:
+        return f"{message}; did you mean '{close[0]}'?"
+    return f"{message}. Valid names (model.summary() lists them): {_preview(graph.names)}"
+
+
+def _check_order(cuts, positions, names):
+    seen = set()
+    for name in cuts:
+        if name in seen:
+            raise ValueError(
+                f"`cuts` names layer '{name}' more than once, which would make an empty "
+                f"stage. Each cut must be a different layer. Received: cuts={list(cuts)}"
+            )
+        seen.add(name)
+    for k in range(1, len(cuts)):
+        if positions[k] < positions[k - 1]:
+            in_order = [names[p] for p in sorted(positions)]
+            raise ValueError(
+                f"`cuts` must follow the order of the layers in the model, but "
+                f"'{cuts[k]}' (layer {positions[k]}) comes before "
+                f"'{cuts[k - 1]}' (layer {positions[k - 1]}). "
+                f"Received: cuts={list(cuts)}; in model order: {in_order}"
+            )
+
+
+def _preview(names, limit=12):
+    if len(names) <= limit:
+        return names
+    return names[:limit] + [f"... ({len(names) - limit} more)"]

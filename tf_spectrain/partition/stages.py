@@ -1,0 +1,175 @@
+"""Cut a functional Keras model into stage sub-models, and describe the stages.
+
+Stage `k` runs the layers after cut `k - 1` up to and including cut `k`. Its inputs are
+the tensors crossing cut `k - 1` (stage 0: the model's inputs) and its outputs are the
+tensors crossing cut `k` (last stage: the model's outputs), so feeding each stage's
+outputs to the next reproduces the whole model. A tensor produced before stage `k` and
+needed after it (a long skip connection) is both an input and an output of stage `k`: it
+*passes through*, via a `keras.layers.Identity` (Keras cannot return an input unchanged).
+
+The stage models are built on the original model's tensors, so they share its layers and
+variables: splitting copies no weights, and training a stage trains the model.
+"""
+
+import dataclasses
+
+import keras
+
+from tf_spectrain.partition.cuts import resolve_cuts
+from tf_spectrain.partition.graph import read_graph
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """What one stage holds and what crosses its boundaries.
+
+    Attributes:
+        index: the stage index `k`.
+        layer_names: names of the stage's layers, in model order.
+        input_shapes: shapes of the tensors the stage receives (batch dimension `None`),
+            in the order the stage model takes them.
+        output_shapes: shapes of the tensors the stage sends on, in output order.
+        num_pass_through: how many of the outputs only pass through the stage.
+        num_params: the stage's parameter count (all weights of its layers).
+    """
+
+    index: int
+    layer_names: tuple
+    input_shapes: tuple
+    output_shapes: tuple
+    num_pass_through: int
+    num_params: int
+
+    @property
+    def num_inputs(self):
+        """Number of tensors the stage receives."""
+        return len(self.input_shapes)
+
+    @property
+    def num_outputs(self):
+        """Number of tensors the stage sends on."""
+        return len(self.output_shapes)
+
+    def to_dict(self):
+        """The spec as a plain dict (JSON-friendly), including the tensor counts."""
+        spec = dataclasses.asdict(self)
+        spec["layer_names"] = list(self.layer_names)
+        spec["input_shapes"] = [list(s) for s in self.input_shapes]
+        spec["output_shapes"] = [list(s) for s in self.output_shapes]
+        spec["num_inputs"] = self.num_inputs
+        spec["num_outputs"] = self.num_outputs
+        return spec
+
+
+class _Stage:
+    """Where stage `index` starts and ends and which tensors it takes and sends on."""
+
+    def __init__(self, graph, index, start, end, inputs, outputs):
+        self.index = index
+        self.calls = graph.calls[start : end + 1]
+        self.inputs = inputs
+        self.outputs = outputs
+        self.passing = [graph.produced_at(t) < start for t in outputs]
+
+
+def _plan_stages(model, cuts):
+    """Reads the model, checks `cuts` and lays out every stage."""
+    graph = read_graph(model)
+    positions = resolve_cuts(graph, cuts)
+    last = len(graph.calls) - 1
+    bounds = [-1] + positions + [last]
+    stages = []
+    for k in range(len(bounds) - 1):
+        inputs = list(graph.inputs) if k == 0 else graph.crossing(bounds[k])
+        is_last = k == len(bounds) - 2
+        outputs = list(graph.outputs) if is_last else graph.crossing(bounds[k + 1])
+        stages.append(_Stage(graph, k, bounds[k] + 1, bounds[k + 1], inputs, outputs))
+    return graph, stages
+
+
+def split_model(model, cuts):
+    """Cuts a functional or Sequential Keras model into pipeline stages.
+
+    Each name in `cuts` ends a stage, so there are `len(cuts) + 1` stages. Stage `k` is
+    a functional `keras.Model` whose inputs are the tensors crossing cut `k - 1` (stage 0:
+    the model's inputs) and whose outputs are the tensors crossing cut `k` (last stage:
+    the model's outputs, flattened). A tensor crosses a cut if it is produced at or before
+    the cut layer, in topological order (`model.operations`; `model.layers` for a
+    Sequential), and used after it or returned by the model. Crossing tensors are ordered
+    by the layer that produced them (model inputs first). A stage with one input takes a
+    tensor and a stage with one output returns a tensor; otherwise lists.
+
+    The stages share the model's layers and variables (nothing is copied), and
+    `stages[k](...)` chained from stage 0 to the last reproduces `model(x)`.
+
+    Args:
+        model: a functional `keras.Model` or a built `keras.Sequential`, with every
+            layer called once (no shared layers).
+        cuts: list of layer names, in model order; each ends a stage.
+
+    Returns:
+        A list of `len(cuts) + 1` `keras.Model`s, named `f"{model.name}_stage{k}"`.
+
+    Raises:
+        TypeError: if `model` is not a Keras model or `cuts` is not a list of strings.
+        ValueError: if the model has no functional graph or has shared layers, or a cut
+            is not a layer of the model, is repeated, out of order, or leaves a stage
+            empty.
+    """
+    graph, stages = _plan_stages(model, cuts)
+    taken = set(graph.names) | set(graph.input_layer_names)
+    return [_build_stage(model.name, stage, taken) for stage in stages]
+
+
+def describe_stages(model, cuts):
+    """Describes the stages `split_model(model, cuts)` would make, without building them.
+
+    Args:
+        model: a functional `keras.Model` or a built `keras.Sequential`.
+        cuts: list of layer names, in model order; each ends a stage.
+
+    Returns:
+        A list of `StageSpec`, one per stage.
+
+    Raises:
+        TypeError, ValueError: as `split_model`.
+    """
+    _, stages = _plan_stages(model, cuts)
+    return [
+        StageSpec(
+            index=stage.index,
+            layer_names=tuple(call.name for call in stage.calls),
+            input_shapes=tuple(tuple(t.shape) for t in stage.inputs),
+            output_shapes=tuple(tuple(t.shape) for t in stage.outputs),
+            num_pass_through=len({id(t) for t, p in zip(stage.outputs, stage.passing) if p}),
+            num_params=sum(call.count_params() for call in stage.calls),
+        )
+        for stage in stages
+    ]
+
+
+def _build_stage(model_name, stage, taken):
+    """The functional sub-model of one stage, on the original model's tensors."""
+    name = f"{model_name}_stage{stage.index}"
+    passed = {}  # id(tensor) -> its Identity output, so a repeated output stays one tensor
+    outputs = []
+    for tensor, passing in zip(stage.outputs, stage.passing):
+        if passing:
+            if id(tensor) not in passed:
+                layer_name = _unique(f"{name}_pass{len(passed)}", taken)
+                passed[id(tensor)] = keras.layers.Identity(name=layer_name)(tensor)
+            tensor = passed[id(tensor)]
+        outputs.append(tensor)
+    return keras.Model(inputs=_one_or_list(stage.inputs), outputs=_one_or_list(outputs), name=name)
+
+
+def _one_or_list(tensors):
+    return tensors[0] if len(tensors) == 1 else list(tensors)
+
+
+def _unique(name, taken):
+    candidate, n = name, 1
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    taken.add(candidate)
+    return candidate

@@ -1,0 +1,166 @@
+"""Runs one epoch of a pipeline: one thread per stage, each walking its instruction list.
+
+Stage k's thread executes `ops[k]` (from `tf_spectrain.schedule`) in order. Activations go
+from stage k to k+1 and gradients from k+1 to k through blocking `Channel`s, so data
+dependencies, not timing, order the work; which weights each pass uses therefore depends only
+on each stage's own order, as SPECTRAIN.md requires. Stage threads issue their passes to
+their own devices, so the passes of different stages overlap in time.
+
+Stage 0 pulls mini-batches from the data iterator and sends their labels straight to the
+last stage. The last stage reports each mini-batch's loss and predictions to the caller's
+thread, which runs the Keras callbacks. The epoch ends when every thread has finished its
+list: the pipeline is drained and every backward has been applied.
+
+Any exception in any thread aborts the whole pipeline at once (blocked hand-offs wake up and
+stop) and is re-raised in the caller's thread with its original traceback.
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tf_spectrain import schedule
+from tf_spectrain.runtime.handoff import Channel, FailureBox, PipelineAborted
+
+
+def split_batch(x, parts):
+    """Splits a batch (tensor or list of tensors) into `parts` nearly equal slices.
+
+    Returns a list of `(slice, size)`; sizes differ by at most one (the first are larger).
+    """
+    xs = x if isinstance(x, (list, tuple)) else [x]
+    n = int(xs[0].shape[0])
+    if parts > n:
+        raise ValueError(
+            f"A mini-batch of {n} examples cannot be split into {parts} micro-batches; "
+            f"use `micro_batches` <= {n} or a larger batch size."
+        )
+    sizes = [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
+    pieces = [tf.split(t, sizes) for t in xs]
+    out = []
+    for j, size in enumerate(sizes):
+        part = [p[j] for p in pieces]
+        out.append((part if isinstance(x, (list, tuple)) else part[0], size))
+    return out
+
+
+class EpochRun:
+    """The shared state of one epoch: channels, the failure box, the data feed.
+
+    Args:
+        runners: the `StageRunner`s, stage 0 first.
+        op_lists: one op list per stage.
+        batches: an iterator of `(x, y)` mini-batches; only stage 0 reads it.
+        micro_batches: M, the micro-batches per mini-batch.
+        keep: for each stage, a function `(i, j) -> bool` saying whether the forward keeps its
+            activations for the backward (see `StageRunner.forward`).
+    """
+
+    def __init__(self, runners, op_lists, batches, micro_batches, keep):
+        self.runners = runners
+        self.op_lists = op_lists
+        self.batches = batches
+        self.micro_batches = micro_batches
+        self.keep = keep
+        self.failure = FailureBox()
+        abort = self.failure.abort
+        n = len(runners)
+        self.activations = [Channel(abort, f"activations {k}->{k + 1}") for k in range(n - 1)]
+        self.gradients = [Channel(abort, f"gradients {k + 1}->{k}") for k in range(n - 1)]
+        self.labels = Channel(abort, "labels 0->last")
+        self.results = Channel(abort, "results")
+        self._micro = {}  # stage 0: i -> list of (x slice, y slice, share)
+        self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
+
+    # --- stage threads ------------------------------------------------------------------
+
+    def _next_input(self, i, j):
+        """Stage 0: the input of micro-batch (i, j); reads the data on j == 0."""
+        if j == 0:
+            try:
+                x, y = next(self.batches)
+            except StopIteration:
+                raise ValueError(
+                    f"The training data ran out after {i} mini-batches of an epoch of "
+                    f"{self.num_batches}. With `steps_per_epoch`, the dataset must yield "
+                    "at least steps_per_epoch * epochs batches (e.g. use `dataset.repeat()`)."
+                ) from None
+            n = int(tf.nest.flatten(x)[0].shape[0])
+            if self.micro_batches == 1:
+                self._micro[i] = [(x, y, 1.0)]
+            else:
+                xs = split_batch(x, self.micro_batches)
+                ys = split_batch(y, self.micro_batches)
+                self._micro[i] = [(xp, yp, size / n) for (xp, size), (yp, _) in zip(xs, ys)]
+        x, y, share = self._micro[i][j]
+        if j == self.micro_batches - 1:
+            del self._micro[i]
+        return x, y, share
+
+    def _stage_loop(self, k):
+        runner = self.runners[k]
+        last = k == len(self.runners) - 1
+        losses = {}
+        for op in self.op_lists[k]:
+            if self.failure.abort.is_set():
+                raise PipelineAborted("aborted")
+            key = (op.batch, op.micro)
+            if op.kind == schedule.FORWARD:
+                if k == 0:
+                    x, y, share = self._next_input(op.batch, op.micro)
+                    if not last:
+                        self.labels.put((y, share))
+                else:
+                    x = self.activations[k - 1].get()
+                if last:
+                    if k > 0:
+                        y, share = self.labels.get()
+                    loss, logits = runner.forward(
+                        key, x, self.keep[k](key), labels=y, scale=share
+                    )
+                    losses.setdefault(op.batch, []).append((loss, logits, y))
+                else:
+                    self.activations[k].put(runner.forward(key, x, self.keep[k](key)))
+            elif op.kind == schedule.BACKWARD:
+                grads_out = None if last else self.gradients[k].get()
+                grads_in = runner.backward(key, grads_out)
+                if k > 0:
+                    self.gradients[k - 1].put(grads_in)
+            else:
+                runner.update()
+                if last:
+                    self.results.put((op.batch, losses.pop(op.batch)))
+
+    def _thread_main(self, k):
+        try:
+            self._stage_loop(k)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+            self.failure.record(error, f"stage {k}")
+
+    # --- caller -------------------------------------------------------------------------
+
+    def run(self, on_batch):
+        """Runs the epoch; calls `on_batch(i, parts)` in this thread as results arrive.
+
+        `parts` is a list of `(scaled_loss, logits, labels)` per micro-batch.
+        Returns when the pipeline has drained; re-raises the first failure of any stage.
+        """
+        threads = [
+            threading.Thread(target=self._thread_main, args=(k,), name=f"stage-{k}", daemon=True)
+            for k in range(len(self.runners))
+        ]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(self.num_batches):
+                i, parts = self.results.get()
+                on_batch(i, parts)
+        except BaseException as error:  # noqa: BLE001
+            self.failure.record(error, "the training loop (callbacks)")
+        finally:
+            for t in threads:
+                t.join()
+        if self.failure.abort.is_set():
+            for runner in self.runners:
+                runner.reset()
+        self.failure.raise_if_failed()

@@ -1,0 +1,73 @@
+"""Blocking hand-offs between neighbouring stages that never hang on a failure.
+
+A `Channel` is a FIFO queue. `get` blocks until an item arrives, but wakes up regularly to
+check the pipeline's shared `abort` event: when any stage fails, every blocked stage raises
+`PipelineAborted` at once instead of waiting forever for data that will never come.
+"""
+
+import queue
+import threading
+
+_POLL_SECONDS = 0.05
+
+
+class PipelineAborted(Exception):
+    """Raised in a stage thread when another part of the pipeline has failed."""
+
+
+class Channel:
+    """A FIFO hand-off from one stage to another (or to the main thread).
+
+    Args:
+        abort: a `threading.Event` shared by the whole pipeline; once set, `get` raises.
+        name: for messages, e.g. `"activations 0->1"`.
+    """
+
+    def __init__(self, abort, name="channel"):
+        self._queue = queue.SimpleQueue()
+        self._abort = abort
+        self.name = name
+
+    def put(self, item):
+        self._queue.put(item)
+
+    def get(self):
+        """Returns the next item, waiting as long as the pipeline is not aborted."""
+        while True:
+            if self._abort.is_set():
+                raise PipelineAborted(f"pipeline aborted while waiting on {self.name}")
+            try:
+                return self._queue.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                continue
+
+    def empty(self):
+        return self._queue.empty()
+
+
+class FailureBox:
+    """Keeps the first failure of any thread and raises it, with its traceback, in the caller."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.abort = threading.Event()
+        self.error = None
+        self.where = None
+
+    def record(self, error, where):
+        """Stores `error` (if it is the first real one) and aborts the pipeline."""
+        with self._lock:
+            if self.error is None and not isinstance(error, PipelineAborted):
+                self.error = error
+                self.where = where
+        self.abort.set()
+
+    def raise_if_failed(self):
+        """Re-raises the first failure in the calling thread, naming where it happened."""
+        if self.error is not None:
+            error = self.error
+            if self.where and hasattr(error, "add_note"):
+                error.add_note(f"(tf_spectrain: raised in {self.where})")
+            raise error.with_traceback(error.__traceback__)
+        if self.abort.is_set():
+            raise PipelineAborted("the pipeline was aborted")

@@ -1,0 +1,247 @@
+"""One pipeline stage: its sub-model on its device, its optimizer, and its three passes.
+
+A `StageRunner` executes the passes of SPECTRAIN.md section 5 for stage k:
+
+- `forward(key, x)`: runs the stage at the weights its `PassPlan` prescribes (the current
+  weights, or a prediction `W + s * m`), writes the new BatchNorm statistics, and keeps
+  what the backward will need. When the backward will use the very same weights, the
+  forward runs under a gradient tape that keeps its activations, so the backward costs no
+  recomputation; otherwise only the input (and the non-trainable state the forward saw,
+  so that dropout draws the same mask) is kept, and no activation is held.
+- `backward(key, d)`: the exact vector-Jacobian product at the backward weights, either
+  from the kept tape or by recomputing the forward at the backward weights; the weight
+  gradient is added to the stage's pending gradient and the input gradient is returned.
+- `update()`: applies the pending gradient to the current weights with the optimizer.
+
+The last stage computes the loss in its forward (its `d` is the loss itself). `key` is
+`(i, j)`: mini-batch i, micro-batch j. All TensorFlow work runs in `tf.function`s placed
+on the stage's device.
+"""
+
+import dataclasses
+import time
+
+import tensorflow as tf
+
+
+def as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def one_or_list(xs):
+    return xs[0] if len(xs) == 1 else list(xs)
+
+
+def _graph_function(method):
+    """`tf.function` of a runner's bound method.
+
+    Every stage of every pipeline traces its own copy once (twice with a smaller last
+    batch), but TensorFlow's frequent-retracing detector lumps them together and warns
+    falsely; tests check the real trace counts instead, so the warning is turned off.
+    """
+    function = tf.function(method, reduce_retracing=True)
+    if hasattr(function, "_omit_frequent_tracing_warning"):
+        function._omit_frequent_tracing_warning = True  # noqa: SLF001
+    return function
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """What stage k keeps of one mini-batch between its forward and its backward."""
+
+    inputs: list
+    tape: object = None  # a GradientTape holding the forward's activations, when reused
+    outputs: object = None  # the taped outputs (or scaled loss on the last stage)
+    non_trainable: list = None  # non-trainable values the forward saw, for a recompute
+    labels: object = None
+    scale: float = 1.0
+
+
+class StageRunner:
+    """Runs the passes of one stage.
+
+    Args:
+        k: the stage index.
+        model: the stage's placed sub-model (its variables live on `device`).
+        device: a device name such as `"/GPU:1"`.
+        optimizer: the stage's own optimizer, already built on `device` for the model's
+            trainable variables. Predictions (`s > 0`) need a `SpecTrainSGD`.
+        plan: the stage's `modes.PassPlan`.
+        loss: on the last stage, the loss function `loss(y_true, y_pred)`; else None.
+        training_metrics: on the last stage, metrics updated with `(y_true, y_pred)`.
+    """
+
+    def __init__(self, k, model, device, optimizer, plan, loss=None):
+        self.k = k
+        self.model = model
+        self.device = device
+        self.optimizer = optimizer
+        self.plan = plan
+        self.loss = loss
+        self.is_last = loss is not None
+        self.trainable = list(model.trainable_variables)
+        self.non_trainable = list(model.non_trainable_variables)
+        self._tf_trainable = [v.value for v in self.trainable]
+        self._momenta = None
+        if plan.forward_steps or plan.backward_steps:
+            self._momenta = [optimizer.momentum_of(v).value for v in self.trainable]
+        self._inflight = {}
+        self._pending = None
+        self.updates = 0
+        self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
+        self._forward_fn = _graph_function(self._forward)
+        self._vjp_fn = _graph_function(self._recompute_vjp)
+        self._apply_fn = _graph_function(self._apply)
+        self._infer_fn = _graph_function(self._infer)
+
+    # --- graph functions ----------------------------------------------------------------
+
+    def _weights(self, steps):
+        """The trainable weights `W + steps * m` as tensors (the current ones for 0)."""
+        if not steps:
+            return [tf.convert_to_tensor(v) for v in self._tf_trainable]
+        return [v + steps * m for v, m in zip(self._tf_trainable, self._momenta)]
+
+    def _run(self, weights, non_trainable, inputs, labels, scale):
+        outputs, new_state = self.model.stateless_call(
+            weights, non_trainable, one_or_list(inputs), training=True
+        )
+        if not self.is_last:
+            return as_list(outputs), new_state, None
+        loss = self.loss(labels, outputs)
+        return [loss * scale], new_state, outputs
+
+    def _forward(self, inputs, labels, scale, steps):
+        with tf.device(self.device):
+            state = [v.value for v in self.non_trainable]
+            outputs, new_state, logits = self._run(
+                self._weights(steps), state, inputs, labels, scale
+            )
+            for v, value in zip(self.non_trainable, new_state):
+                v.assign(value)
+            return outputs, logits
+
+    def _recompute_vjp(self, inputs, grads_out, non_trainable, labels, scale, steps):
+        with tf.device(self.device):
+            with tf.GradientTape() as tape:
+                tape.watch(inputs)
+                weights = self._weights(steps)
+                tape.watch(weights)
+                outputs, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
+            grads = tape.gradient(
+                outputs,
+                weights + list(inputs),
+                output_gradients=grads_out,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            return grads[: len(weights)], grads[len(weights) :]
+
+    def _apply(self, grads):
+        with tf.device(self.device):
+            self.optimizer.apply_gradients(zip(grads, self.trainable))
+
+    def _infer(self, inputs):
+        with tf.device(self.device):
+            return as_list(self.model(one_or_list(inputs), training=False))
+
+    # --- passes -------------------------------------------------------------------------
+
+    def forward(self, key, inputs, keep_activations, labels=None, scale=1.0):
+        """Forward pass of `key`; returns the outputs to hand to the next stage.
+
+        On the last stage returns `(scaled_loss, logits)` instead.
+
+        Args:
+            key: `(i, j)`.
+            inputs: the stage's input tensors (a list).
+            keep_activations: True when the backward will use the same weights as this
+                forward, so the forward's activations are kept for it.
+            labels, scale: on the last stage, the labels and the factor the loss is
+                multiplied by (the micro-batch's share of the mini-batch).
+        """
+        start = time.perf_counter()
+        inputs = as_list(inputs)
+        record = _InFlight(inputs=inputs, labels=labels, scale=scale)
+        scale_t = tf.constant(scale, tf.float32)
+        labels_t = labels if labels is not None else tf.zeros((), tf.float32)
+        if keep_activations:
+            tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
+            with tape:
+                tape.watch(inputs)
+                tape.watch(self._tf_trainable)
+                outputs, logits = self._forward_fn(
+                    inputs, labels_t, scale_t, self.plan.forward_steps
+                )
+            record.tape, record.outputs = tape, outputs
+        else:
+            record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
+            outputs, logits = self._forward_fn(inputs, labels_t, scale_t, self.plan.forward_steps)
+        self._inflight[key] = record
+        self.timeline.append(("forward", key, start, time.perf_counter()))
+        if self.is_last:
+            return outputs[0], logits
+        return outputs
+
+    def backward(self, key, grads_out=None):
+        """Backward pass of `key`; returns the gradient for the previous stage's outputs.
+
+        Args:
+            key: `(i, j)`, whose forward has run.
+            grads_out: the gradient of the loss w.r.t. this stage's outputs (a list);
+                None on the last stage.
+        """
+        start = time.perf_counter()
+        record = self._inflight.pop(key)
+        grads_out = None if grads_out is None else as_list(grads_out)
+        if record.tape is not None:
+            grads = record.tape.gradient(
+                record.outputs,
+                self._tf_trainable + record.inputs,
+                output_gradients=grads_out,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            n = len(self._tf_trainable)
+            grads_w, grads_x = grads[:n], grads[n:]
+        else:
+            labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
+            grads_w, grads_x = self._vjp_fn(
+                record.inputs,
+                grads_out,
+                record.non_trainable,
+                labels,
+                tf.constant(record.scale, tf.float32),
+                self.plan.backward_steps,
+            )
+        self._accumulate(grads_w)
+        self.timeline.append(("backward", key, start, time.perf_counter()))
+        return list(grads_x)
+
+    def _accumulate(self, grads):
+        if self._pending is None:
+            self._pending = list(grads)
+        else:
+            self._pending = [a + g for a, g in zip(self._pending, grads)]
+
+    def update(self):
+        """Applies the pending gradient with the optimizer (one update of the stage)."""
+        start = time.perf_counter()
+        if self._pending is None:
+            raise RuntimeError(f"stage {self.k}: update without a backward before it")
+        self._apply_fn(self._pending)
+        self._pending = None
+        self.updates += 1
+        self.timeline.append(("update", None, start, time.perf_counter()))
+
+    def infer(self, inputs):
+        """Inference forward (training=False); returns the output tensors as a list."""
+        return self._infer_fn(as_list(inputs))
+
+    def reset(self):
+        """Forgets in-flight state (after an aborted epoch)."""
+        self._inflight.clear()
+        self._pending = None
+
+    @property
+    def in_flight(self):
+        """How many mini-batches have run their forward but not yet their backward."""
+        return len(self._inflight)
