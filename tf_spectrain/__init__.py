@@ -6,13 +6,24 @@ Vocabulary used throughout the package (see SPECTRAIN.md):
 - `i`: a mini-batch index within an epoch, `0..T-1`.
 - `s`: a version gap: how many optimizer updates ahead a weight prediction looks.
 
-Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, then build a model with
-`tf_spectrain.models.get_model(...)`.
+Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, build a model with
+`tf_spectrain.models.get_model(...)`, and train it with `tf_spectrain.PipelineModel`.
 """
 
-from tf_spectrain import data, models
+from tf_spectrain import data, models, partition, schedule
 from tf_spectrain.devices import setup_devices
+from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
 
 __version__ = "0.1.0"
 
-__all__ = ["data", "models", "setup_devices", "__version__"]
+__all__ = [
+    "PipelineModel",
+    "SpecTrainSGD",
+    "data",
+    "models",
+    "partition",
+    "schedule",
+    "setup_devices",
+    "__version__",
+]

@@ -136,6 +136,9 @@ class PipelineModel:
             )
             self.runners.append(runner)
         self._loss_tracker = keras.metrics.Mean(name="loss")
+        # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
+        # logs the learning rate) see the last stage's, whose iterations advance.
+        self.model.optimizer = self.runners[-1].optimizer
 
     @property
     def stage_optimizers(self):
@@ -144,8 +147,25 @@ class PipelineModel:
 
     def _require_compiled(self):
         if self.runners is None:
-            raise RuntimeError("Call `compile(optimizer, loss, metrics)` before training.")
+            raise ValueError(
+                "You must call `compile(optimizer, loss, metrics)` before using the pipeline."
+            )
         return self.runners
+
+    def _sync_learning_rate(self):
+        """Gives every stage the learning rate callbacks set on `model.optimizer`.
+
+        Callbacks such as LearningRateScheduler or ReduceLROnPlateau change the learning
+        rate of `model.optimizer` (the last stage's); the other stages follow here, at
+        epoch starts. Learning-rate schedules need nothing: each stage has its own copy.
+        """
+        source = self.runners[-1].optimizer
+        if isinstance(source._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            return
+        value = float(source.learning_rate)
+        for runner in self.runners[:-1]:
+            if float(runner.optimizer.learning_rate) != value:
+                runner.optimizer.learning_rate = value
 
     # --- weights between the model and the stages ----------------------------------------
 
@@ -177,6 +197,8 @@ class PipelineModel:
             raise ValueError(
                 f"`x` and `y` must have the same number of examples. Received: {n_x} and {n_y}"
             )
+        if isinstance(x, list):
+            x = tuple(x)  # several inputs (a list would be stacked into one tensor)
         ds = tf.data.Dataset.from_tensor_slices((x, y))
         if shuffle:
             ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
@@ -296,6 +318,9 @@ class PipelineModel:
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
             callback_list.on_epoch_begin(epoch)
+            self._sync_learning_rate()
+            if epoch > initial_epoch:
+                self._push_weights()  # callbacks may have set the model's weights
             batches = iterator if iterator is not None else iter(ds)
             op_lists = self._op_lists(num_batches)
             run = EpochRun(
@@ -352,8 +377,12 @@ class PipelineModel:
         return logs
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False):
-        """Loss and metrics on the data (inference mode), as `keras.Model.evaluate`."""
+        """Loss and metrics on the data (inference mode), as `keras.Model.evaluate`.
+
+        Uses the wrapped model's current weights (they are copied to the stages first).
+        """
         self._require_compiled()
+        self._push_weights()
         if isinstance(x, tf.data.Dataset):
             logs = self._evaluate_logs(x, batch_size)
         else:
@@ -366,18 +395,23 @@ class PipelineModel:
         return values[0] if len(values) == 1 else values
 
     def predict(self, x, batch_size=None, verbose="auto"):
-        """Model outputs for `x` (arrays or a dataset of inputs), as a NumPy array."""
-        if self.runners is None:
-            raise RuntimeError("Call `compile(...)` before `predict`.")
-        if isinstance(x, tf.data.Dataset):
+        """Model outputs for `x` (arrays or a dataset of inputs), as a NumPy array.
+
+        Uses the wrapped model's current weights (they are copied to the stages first).
+        """
+        self._require_compiled()
+        self._push_weights()
+        is_dataset = isinstance(x, tf.data.Dataset)
+        if is_dataset:
             ds = x
         else:
             bs = _DEFAULT_BATCH_SIZE if batch_size is None else batch_size
             _check_int("batch_size", bs, 1)
-            ds = tf.data.Dataset.from_tensor_slices(x).batch(bs)
+            ds = tf.data.Dataset.from_tensor_slices(tuple(x) if isinstance(x, list) else x)
+            ds = ds.batch(bs)
         outputs = []
         for xb in ds:
-            if isinstance(xb, tuple) and len(xb) == 2:
-                xb = xb[0]
+            if is_dataset and isinstance(xb, tuple) and len(xb) in (2, 3):
+                xb = xb[0]  # (x, y) or (x, y, sample_weight), as in Keras
             outputs.append(np.asarray(self._infer(xb)))
         return np.concatenate(outputs, axis=0)

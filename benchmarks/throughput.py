@@ -1,0 +1,194 @@
+"""Throughput of every pipeline mode against single-device `model.fit`, measured side by side.
+
+    python benchmarks/throughput.py                      # VGG16, batch 128, 4 stages
+    python benchmarks/throughput.py --quick              # a small CNN, for a smoke run
+    python benchmarks/throughput.py --out docs/THROUGHPUT.md
+
+Each measurement runs in a fresh subprocess (TensorFlow's device and thread settings are
+fixed per process) on synthetic 32x32x3 images: one short warm-up fit (tracing), then one
+timed epoch of `--steps` mini-batches. Configurations are interleaved over `--repeats`
+rounds so that load on a shared machine hits them alike; the table reports the median
+images/s of each and its ratio to the median of `single` (plain `model.fit` on one device,
+default threads). Steady-state throughput is timed from the end of mini-batch `--skip` to
+the end of the last one, so pipeline fill and drain are left out; the full-epoch figure
+includes them.
+
+On a CPU machine the stages' logical devices share the same cores, so the physical limit of
+every ratio is about 1.0: the benchmark shows what the pipeline machinery costs, not
+speed-up. On N GPUs the same script measures real pipelines.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "single": dict(mode="single"),
+    "dp": dict(mode="dp"),
+    "sync": dict(mode="sync"),
+    "stash": dict(mode="stash"),
+    "spectrain-consistent": dict(mode="spectrain", target="consistent"),
+    "spectrain-paper": dict(mode="spectrain", target="paper"),
+    "vanilla": dict(mode="vanilla"),
+}
+CUTS = {
+    "vgg16": ["block2_pool", "block3_pool", "block4_pool"],
+    "small_cnn": ["pool1", "flatten", "fc1"],
+}
+
+
+def child(args):
+    """One measurement in this process; prints one JSON line."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import warnings
+
+    import tensorflow as tf
+
+    if args.intra_op:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
+    import tf_spectrain
+
+    n = 1 if args.mode == "single" else args.stages
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        devices = tf_spectrain.setup_devices(n)
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    size = args.batch_size * args.steps
+    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size).astype("int32")
+    full = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size).cache()
+    warm = full.take(args.warmup)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def build():
+        return tf_spectrain.models.get_model(args.model, (32, 32, 3), 10)
+
+    if args.mode in ("single", "dp"):
+        scope = (
+            tf.distribute.MirroredStrategy(devices).scope()
+            if args.mode == "dp"
+            else tf.device(devices[0])
+        )
+        with scope:
+            model = build()
+            model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss)
+        trainer = model
+    else:
+        model = build()
+        cuts = CUTS.get(args.model) if args.stages == 4 else None
+        cuts = cuts or tf_spectrain.partition.default_cuts(model, args.stages)
+        trainer = tf_spectrain.PipelineModel(
+            model, cuts=cuts, devices=devices, mode=args.mode, spectrain_target=args.target
+        )
+        trainer.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss)
+
+    stamps = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    trainer.fit(warm, epochs=1, verbose=0)
+    stamps.clear()
+    trainer.fit(full, epochs=1, verbose=0, callbacks=[Clock()])
+    steady = (args.steps - args.skip - 1) * args.batch_size / (stamps[-1] - stamps[args.skip + 1])
+    whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
+    print(json.dumps({"steady": steady, "epoch": whole}))
+
+
+def measure(name, args):
+    config = CONFIGS[name]
+    cmd = [
+        sys.executable, os.path.abspath(__file__), "--child",
+        "--model", args.model, "--mode", config["mode"],
+        "--target", config.get("target", "paper"),
+        "--stages", str(args.stages), "--batch-size", str(args.batch_size),
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--skip", str(args.skip),
+    ]
+    if args.pipeline_intra_op and config["mode"] not in ("single", "dp"):
+        cmd += ["--intra-op", str(args.pipeline_intra_op)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(results, args, seconds):
+    base = statistics.median(r["steady"] for r in results["single"])
+    base_epoch = statistics.median(r["epoch"] for r in results["single"])
+    lines = [
+        f"`{' '.join(sys.argv)}`: {args.model}, batch {args.batch_size}, {args.stages} stages, "
+        f"{args.steps} steps/epoch, median of {args.repeats} interleaved repeats, "
+        f"{seconds / 60:.1f} min.",
+        "",
+        "| configuration | images/s (steady) | ratio to single | images/s (whole epoch) | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        steady = statistics.median(r["steady"] for r in runs)
+        epoch = statistics.median(r["epoch"] for r in runs)
+        lines.append(
+            f"| {name} | {steady:.1f} | {steady / base:.2f} | {epoch:.1f} | {epoch / base_epoch:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="vgg16")
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=16, help="mini-batches in the timed epoch")
+    p.add_argument("--warmup", type=int, default=3, help="mini-batches of the warm-up fit")
+    p.add_argument("--skip", type=int, default=4, help="first mini-batches left out (fill)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    p.add_argument(
+        "--pipeline-intra-op", type=int, default=0,
+        help="intra-op threads for pipeline runs (0: TensorFlow's default)",
+    )
+    p.add_argument("--quick", action="store_true", help="small_cnn, batch 64, 8 steps, 1 repeat")
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    # Child-only flags.
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="single", help=argparse.SUPPRESS)
+    p.add_argument("--target", default="paper", help=argparse.SUPPRESS)
+    p.add_argument("--intra-op", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    if args.quick:
+        args.model, args.batch_size, args.steps, args.repeats = "small_cnn", 64, 8, 1
+        args.skip = 2
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or "single" not in names:
+        p.error(f"--configs must include 'single' and name only {list(CONFIGS)}; got {names}")
+    if args.skip + 2 > args.steps:
+        p.error(f"--steps must exceed --skip + 1; got --steps {args.steps} --skip {args.skip}")
+    start = time.perf_counter()
+    results = {n: [] for n in names}
+    for r in range(args.repeats):
+        for name in names:
+            results[name].append(measure(name, args))
+            print(f"round {r + 1}: {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+    text = table(results, args, time.perf_counter() - start)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""train.py: every bad input fails fast with a clear message; short runs end to end."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tf_spectrain import cli, data, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_error(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "vgg61"], r"--model must be one of .*Received: --model vgg61; did you mean 'vgg16'"),
+        (["--dataset", "cifar"], r"--dataset must be one of .*Received: --dataset cifar"),
+        (["--mode", "pipe"], r"--mode must be one of \['sync', 'vanilla', 'stash', 'spectrain', 'single', 'dp'\]"),
+        (["--mode", "spectran"], r"Received: --mode spectran; did you mean 'spectrain'"),
+        (["--spectrain-target", "papr"], r"--spectrain-target must be one of \['paper', 'consistent'\]"),
+        (["--micro-batches", "0"], r"--micro-batches must be an integer >= 1"),
+        (["--micro-batches", "2"], r"--micro-batches > 1 \(GPipe\) needs --mode sync"),
+        (["--mode", "sync", "--micro-batches", "3"], r"--micro-batches must divide --batch-size"),
+        (["--mode", "dp", "--cuts", "block2_pool"], r"--cuts splits a pipeline"),
+        (["--cuts", "a,,b"], r"argument --cuts: expected comma-separated layer names"),
+        (["--gpus", "0"], r"--gpus must be an integer >= 1. Received: --gpus 0"),
+        (["--epochs", "-1"], r"--epochs must be an integer >= 1. Received: --epochs -1"),
+        (["--batch-size", "0"], r"--batch-size must be an integer >= 1"),
+        (["--lr", "-0.1"], r"--lr must be a number > 0. Received: --lr -0.1"),
+        (["--lr", "nan"], r"--lr must be a number > 0"),
+        (["--momentum", "1.5"], r"--momentum must be between 0 and 1"),
+        (["--weight-decay", "-1"], r"--weight-decay must be >= 0"),
+        (["--seed", "-3"], r"--seed must be >= 0"),
+        (["--limit", "0"], r"--limit must be an integer >= 1"),
+        (["--gpus", "two"], r"argument --gpus: invalid int value: 'two'"),
+        (["--data-dir", "/no/such/dir"], r"--data-dir /no/such/dir does not exist"),
+    ],
+)
+def test_bad_flag_exits_2_with_message(capsys, argv, message):
+    err = parse_error(capsys, argv)
+    assert re.search(message, err), err
+
+
+def test_several_bad_flags_are_all_reported(capsys):
+    err = parse_error(capsys, ["--gpus", "0", "--epochs", "0"])
+    assert "--gpus" in err and "--epochs" in err
+
+
+def test_unprepared_tfds_dataset_fails_at_once(capsys, tmp_path):
+    start = time.perf_counter()
+    err = parse_error(capsys, ["--dataset", "cifar10", "--data-dir", str(tmp_path)])
+    assert time.perf_counter() - start < 10
+    assert "cifar10" in err and str(tmp_path) in err and "--download" in err
+
+
+def test_defaults_are_the_documented_main_job():
+    args = cli.parse_args([])
+    assert (args.model, args.gpus, args.dataset) == ("vgg16", 4, "digits")
+    assert args.mode == "spectrain" and args.cuts is None and args.micro_batches == 1
+    assert args.logdir.startswith(os.path.join("runs", "vgg16-spectrain-"))
+
+
+@pytest.mark.parametrize(
+    "cuts, message",
+    [
+        ("pool1,fc", r"`cuts` must name layers of the model.*did you mean 'fc1'"),
+        ("fc1,pool1", r"order"),
+        ("pool1", r"--cuts names 1 layers, which makes 2 stages, but --gpus is 3"),
+    ],
+)
+def test_bad_cuts_fail_before_training(capsys, cuts, message):
+    argv = ["--model", "small_cnn", "--gpus", "3", "--cuts", cuts, "--epochs", "1",
+            "--limit", "32"]
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert time.perf_counter() - start < 30
+
+
+def test_bad_input_exits_within_seconds_as_a_process():
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "train.py", "--model", "nope", "--gpus", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2
+    assert "--model must be one of" in out.stderr and "--gpus must be" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.perf_counter() - start < 60  # mostly Python + TensorFlow import time
+
+
+def test_cli_end_to_end_single(tmp_path):
+    logdir = tmp_path / "logs"
+    out = subprocess.run(
+        [sys.executable, "train.py", "--model", "small_cnn", "--gpus", "2", "--mode", "single",
+         "--epochs", "1", "--batch-size", "32", "--limit", "96", "--logdir", str(logdir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("test accuracy ") and "images/s" in last and "wall time" in last
+    acc = float(last.split()[2])
+    assert 0.0 <= acc <= 1.0
+    events = [f for _, _, fs in os.walk(logdir) for f in fs if f.startswith("events.out")]
+    assert events, "TensorBoard wrote no event files"
+
+
+@pytest.mark.parametrize("mode", ["single", "dp", "spectrain", "sync"])
+def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
+    args = cli.parse_args(
+        ["--model", "small_cnn", "--gpus", "2", "--mode", mode, "--epochs", "2",
+         "--batch-size", "32", "--limit", "128", "--lr", "0.05", "--logdir", str(tmp_path)]
+    )
+    args.verbose = 0
+    result = training.run(args)
+    x, y = data.load_arrays("digits", "test", limit=128)
+    logits = result["model"].predict(x, verbose=0)
+    expected = float(np.mean(np.argmax(logits, axis=1) == y))
+    assert result["test_accuracy"] == pytest.approx(expected, abs=1e-6)
+    assert result["images_per_second"] > 0
+    assert len(result["history"]["loss"]) == 2
+    if mode == "dp":
+        assert result["devices"] == ["/CPU:0", "/CPU:1"]
+        kernel = result["model"].trainable_variables[0].value
+        replicas = getattr(kernel, "values", ())
+        assert sorted(v.device.split("/")[-1] for v in replicas) == ["device:CPU:0", "device:CPU:1"]
+    if mode in ("spectrain", "sync"):
+        assert len(result["cuts"]) == 1  # default cuts: 2 stages on --gpus 2
