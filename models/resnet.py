@@ -8,6 +8,8 @@ main-path activation.
 import keras
 from keras import layers
 
+from tf_spectrain.models.common import batch_norm
+
 # Filters of the three stages of a CIFAR ResNet.
 CIFAR_STAGE_FILTERS = (16, 32, 64)
 
@@ -16,16 +18,16 @@ def _basic_block(x, filters, stride, name):
     """Two 3x3 conv/BN layers plus a shortcut; a 1x1 conv/BN projection if shapes differ."""
     conv_args = dict(padding="same", use_bias=False, kernel_initializer="he_normal")
     y = layers.Conv2D(filters, 3, strides=stride, name=f"{name}_conv1", **conv_args)(x)
-    y = layers.BatchNormalization(name=f"{name}_bn1")(y)
+    y = batch_norm(f"{name}_bn1")(y)
     y = layers.Activation("relu", name=f"{name}_relu1")(y)
     y = layers.Conv2D(filters, 3, name=f"{name}_conv2", **conv_args)(y)
-    y = layers.BatchNormalization(name=f"{name}_bn2")(y)
+    y = batch_norm(f"{name}_bn2")(y)
     shortcut = x
     if stride != 1 or x.shape[-1] != filters:
         shortcut = layers.Conv2D(
             filters, 1, strides=stride, name=f"{name}_shortcut_conv", **conv_args
         )(x)
-        shortcut = layers.BatchNormalization(name=f"{name}_shortcut_bn")(shortcut)
+        shortcut = batch_norm(f"{name}_shortcut_bn")(shortcut)
     y = layers.Add(name=f"{name}_add")([y, shortcut])
     return layers.Activation("relu", name=f"{name}_out")(y)
 
@@ -53,7 +55,7 @@ def cifar_resnet(input_shape, num_classes, blocks_per_stage, name):
         CIFAR_STAGE_FILTERS[0], 3, padding="same", use_bias=False,
         kernel_initializer="he_normal", name="conv1",
     )(inputs)
-    x = layers.BatchNormalization(name="bn1")(x)
+    x = batch_norm("bn1")(x)
     x = layers.Activation("relu", name="relu1")(x)
     for stage, filters in enumerate(CIFAR_STAGE_FILTERS, start=1):
         for block in range(1, blocks_per_stage + 1):

@@ -8,6 +8,8 @@ import numbers
 import keras
 from keras import layers
 
+from tf_spectrain.models.common import batch_norm
+
 
 def _check_positive_int(value, arg, model):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -50,7 +52,7 @@ def mlp(input_shape, num_classes, *, hidden=128):
 
 def _conv_block(x, filters, index):
     x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{index}")(x)
-    x = layers.BatchNormalization(name=f"bn{index}")(x)
+    x = batch_norm(f"bn{index}")(x)
     x = layers.Activation("relu", name=f"relu{index}")(x)
     return layers.MaxPooling2D(2, name=f"pool{index}")(x)
 

@@ -8,6 +8,8 @@ every boundary in the network is a possible pipeline cut.
 import keras
 from keras import layers
 
+from tf_spectrain.models.common import batch_norm
+
 # Filters of the convolutions in each of the five blocks.
 VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
 
@@ -19,7 +21,7 @@ def _conv_bn_relu(x, filters, block, conv):
     x = layers.Conv2D(
         filters, 3, padding="same", use_bias=False, name=f"{prefix}_conv{conv}"
     )(x)
-    x = layers.BatchNormalization(name=f"{prefix}_bn{conv}")(x)
+    x = batch_norm(f"{prefix}_bn{conv}")(x)
     return layers.Activation("relu", name=f"{prefix}_relu{conv}")(x)
 
 

@@ -111,6 +111,7 @@ def test_cli_end_to_end_single(tmp_path):
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "small_cnn on digits (96 training images): single on /CPU:0" in out.stdout
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("test accuracy ") and "images/s" in last and "wall time" in last
     acc = float(last.split()[2])
@@ -126,7 +127,13 @@ def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
          "--batch-size", "32", "--limit", "128", "--lr", "0.05", "--logdir", str(tmp_path)]
     )
     args.verbose = 0
-    result = training.run(args)
+    run = training.prepare(args)
+    description = training.describe(run)
+    result = training.train(run)
+    if mode in ("spectrain", "sync"):
+        assert f"{mode} pipeline of 2 stages on /CPU:0, /CPU:1, cut after " in description
+    else:
+        assert f": {mode} on /CPU:0" in description
     x, y = data.load_arrays("digits", "test", limit=128)
     logits = result["model"].predict(x, verbose=0)
     expected = float(np.mean(np.argmax(logits, axis=1) == y))

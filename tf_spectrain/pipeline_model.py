@@ -230,15 +230,13 @@ class PipelineModel:
     def _keep_rules(self, op_lists):
         """For each stage, whether the forward of (i, j) keeps its activations."""
         rules = []
-        for runner, plan, ops in zip(self.runners, self.plans, op_lists):
+        for plan, ops in zip(self.plans, op_lists):
             seen = schedule.versions_seen(ops)
-            done = runner.updates
 
-            def keep(key, seen=seen, plan=plan, done=done):
+            def keep(key, seen=seen, plan=plan):
                 i, j = key
-                f = seen[(schedule.FORWARD, i, j)]
-                b = seen[(schedule.BACKWARD, i, j)]
-                return plan.same_weights(b - f, done + f)
+                between = seen[(schedule.BACKWARD, i, j)] - seen[(schedule.FORWARD, i, j)]
+                return plan.same_weights(between)
 
             rules.append(keep)
         return rules

@@ -138,6 +138,20 @@ def prepare(config):
     return Run(config, device_names, model, trainer, train_ds, test_ds, num_train, started)
 
 
+def describe(run):
+    """One line saying what will be trained where, e.g. the pipeline's stages and cuts."""
+    config = run.config
+    what = f"{config.model} on {config.dataset} ({run.num_train} training images)"
+    if isinstance(run.trainer, PipelineModel):
+        pipe = run.trainer
+        return (
+            f"{what}: {config.mode} pipeline of {pipe.num_stages} stages on "
+            f"{', '.join(pipe.devices)}, cut after {', '.join(pipe.cuts) or 'nothing'}"
+        )
+    where = ", ".join(run.device_names) if config.mode == "dp" else run.device_names[0]
+    return f"{what}: {config.mode} on {where}"
+
+
 def train(run):
     """Fits and evaluates a prepared run; returns a summary dict.
 

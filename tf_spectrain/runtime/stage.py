@@ -121,16 +121,20 @@ class StageRunner:
                 v.assign(value)
             return outputs, logits
 
+    def _input_targets(self, inputs):
+        """The inputs whose gradient the previous stage needs (none on stage 0)."""
+        return list(inputs) if self.k > 0 else []
+
     def _recompute_vjp(self, inputs, grads_out, non_trainable, labels, scale, steps):
         with tf.device(self.device):
             with tf.GradientTape() as tape:
-                tape.watch(inputs)
+                tape.watch(self._input_targets(inputs))
                 weights = self._weights(steps)
                 tape.watch(weights)
                 outputs, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
             grads = tape.gradient(
                 outputs,
-                weights + list(inputs),
+                weights + self._input_targets(inputs),
                 output_gradients=grads_out,
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
@@ -167,7 +171,7 @@ class StageRunner:
         if keep_activations:
             tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
             with tape:
-                tape.watch(inputs)
+                tape.watch(self._input_targets(inputs))
                 tape.watch(self._tf_trainable)
                 outputs, logits = self._forward_fn(
                     inputs, labels_t, scale_t, self.plan.forward_steps
@@ -185,6 +189,8 @@ class StageRunner:
     def backward(self, key, grads_out=None):
         """Backward pass of `key`; returns the gradient for the previous stage's outputs.
 
+        Stage 0 computes no input gradient and returns an empty list.
+
         Args:
             key: `(i, j)`, whose forward has run.
             grads_out: the gradient of the loss w.r.t. this stage's outputs (a list);
@@ -196,7 +202,7 @@ class StageRunner:
         if record.tape is not None:
             grads = record.tape.gradient(
                 record.outputs,
-                self._tf_trainable + record.inputs,
+                self._tf_trainable + self._input_targets(record.inputs),
                 output_gradients=grads_out,
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
