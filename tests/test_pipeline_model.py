@@ -687,3 +687,18 @@ def test_model_with_two_inputs_takes_a_list_of_arrays():
     assert_weights_close(model.get_weights(), reference.get_weights())
     np.testing.assert_allclose(pipe.predict([xa, xb]), reference.predict([xa, xb], verbose=0),
                                atol=1e-5)
+
+
+def test_devices_may_repeat_a_name():
+    # Two stages on one device still follow the pipeline semantics (sync == Keras SGD).
+    x, y = _mlp_data(NUM_BATCHES)
+    model = make_mlp()
+    reference = copy_of(model)
+    pipe = compiled_pipe(model, cuts=["dense1"], mode="sync", devices=["/CPU:1", "/CPU:1"],
+                         optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM))
+    assert pipe.devices == ["/CPU:1", "/CPU:1"]
+    pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    reference.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), loss_fn())
+    reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), reference.get_weights())
+    assert all(v.value.device.endswith("CPU:1") for s in pipe.stages for v in s.weights)
