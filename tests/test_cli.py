@@ -39,7 +39,8 @@ def parse_error(capsys, argv):
         (["--batch-size", "0"], r"--batch-size must be an integer >= 1"),
         (["--lr", "-0.1"], r"--lr must be a number > 0. Received: --lr -0.1"),
         (["--lr", "nan"], r"--lr must be a number > 0"),
-        (["--momentum", "1.5"], r"--momentum must be between 0 and 1"),
+        (["--momentum", "1.5"], r"--momentum must be in \[0, 1\)"),
+        (["--momentum", "1"], r"--momentum must be in \[0, 1\) \(0 <= momentum < 1\). Received: --momentum 1.0"),
         (["--weight-decay", "-1"], r"--weight-decay must be >= 0"),
         (["--seed", "-3"], r"--seed must be >= 0"),
         (["--limit", "0"], r"--limit must be an integer >= 1"),
@@ -147,3 +148,13 @@ def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
         assert sorted(v.device.split("/")[-1] for v in replicas) == ["device:CPU:0", "device:CPU:1"]
     if mode in ("spectrain", "sync"):
         assert len(result["cuts"]) == 1  # default cuts: 2 stages on --gpus 2
+
+
+def test_last_mini_batch_too_small_for_micro_batches_fails_before_training(capsys):
+    argv = ["--model", "mlp", "--gpus", "2", "--mode", "sync", "--micro-batches", "4",
+            "--batch-size", "32", "--limit", "66", "--epochs", "1"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "last mini-batch of an epoch has 2 examples" in err and "--micro-batches 4" in err

@@ -97,3 +97,39 @@ def test_fresh_process_too_late_raises_clear_error():
     assert out.returncode == 0, out.stderr
     assert "ERROR" in out.stdout
     assert "Call `tf_spectrain.setup_devices(n)` at the start" in out.stdout
+
+
+def test_fresh_process_one_device_keeps_tensorflows_thread_choice():
+    out = run_python(
+        """
+        import warnings
+        import tensorflow as tf
+        import tf_spectrain
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            print(tf_spectrain.setup_devices(1))
+        print(tf.config.threading.get_inter_op_parallelism_threads())
+        print(any("logical devices" in str(x.message) for x in w))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['/CPU:0']", "0", "False"]
+
+
+@pytest.mark.parametrize(
+    "text, visible, num_gpus, expected",
+    [
+        ("16160\n16160\n", None, 2, [16160, 16160]),
+        ("8000\n16000\n24000\n", "2,0", 2, [24000, 8000]),
+        ("8000\n", None, 2, [8000, None]),
+        ("[N/A]\n40000\n", "", 2, [None, 40000]),
+        ("8000\n16000\n", "GPU-1234-uuid", 1, [8000]),
+    ],
+)
+def test_parse_gpu_memory(text, visible, num_gpus, expected):
+    assert devices.parse_gpu_memory(text, visible, num_gpus) == expected
+
+
+def test_gpu_memory_without_nvidia_smi_is_unknown(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert devices.gpu_memory_mb(2) == [None, None]

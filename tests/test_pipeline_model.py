@@ -702,3 +702,42 @@ def test_devices_may_repeat_a_name():
     reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     assert_weights_close(model.get_weights(), reference.get_weights())
     assert all(v.value.device.endswith("CPU:1") for s in pipe.stages for v in s.weights)
+
+
+@pytest.mark.parametrize("cuts", [[], ["dense0", "dense2"]])
+def test_layer_losses_train_and_report_as_in_keras(cuts):
+    # Weight and activity regularizers on several stages: sync equals model.fit, both in
+    # the weights (the penalties enter each stage's gradient) and in the reported losses.
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((5,))
+    h = inputs
+    for n, width in enumerate([8, 8, 8, 3]):
+        h = keras.layers.Dense(
+            width, activation=None if n == 3 else "tanh", name=f"dense{n}",
+            kernel_regularizer=keras.regularizers.L2(0.05),
+            activity_regularizer=keras.regularizers.L1(0.01) if n == 1 else None,
+        )(h)
+    model = keras.Model(inputs, h)
+    reference = copy_of(model)
+    x, y = _mlp_data(NUM_BATCHES)
+    pipe = compiled_pipe(model, cuts=cuts, mode="sync",
+                         optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM))
+    history = pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                       validation_data=(x, y))
+    reference.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), loss_fn())
+    expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                             validation_data=(x, y))
+    assert_weights_close(model.get_weights(), reference.get_weights())
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["val_loss"], expected.history["val_loss"],
+                               rtol=1e-5)
+
+
+def test_default_devices_too_few_says_how_to_get_more():
+    # conftest made 4 logical devices; 6 stages need 6.
+    model = keras.Sequential(
+        [keras.Input((5,))] + [keras.layers.Dense(4, name=f"d{n}") for n in range(6)]
+    )
+    with pytest.raises(ValueError, match=r"needs 6 distinct devices, but only 4 exist.*"
+                                         r"setup_devices\(6\)"):
+        PipelineModel(model, cuts=[f"d{n}" for n in range(5)], mode="stash")

@@ -125,8 +125,10 @@ def check_args(args):
         errors.append(f"--limit must be an integer >= 1. Received: --limit {args.limit}")
     if not args.lr > 0:
         errors.append(f"--lr must be a number > 0. Received: --lr {args.lr}")
-    if not 0 <= args.momentum <= 1:
-        errors.append(f"--momentum must be between 0 and 1. Received: --momentum {args.momentum}")
+    if not 0 <= args.momentum < 1:
+        errors.append(
+            f"--momentum must be in [0, 1) (0 <= momentum < 1). Received: --momentum {args.momentum}"
+        )
     if not args.weight_decay >= 0:
         errors.append(f"--weight-decay must be >= 0. Received: --weight-decay {args.weight_decay}")
     if args.seed < 0:

@@ -76,5 +76,12 @@ def resolve_optimizer(optimizer):
 
 
 def clone_optimizer(optimizer):
-    """A fresh optimizer with the same configuration (each stage gets its own)."""
+    """A fresh optimizer with the same configuration (each stage gets its own).
+
+    `SpecTrainSGD.clone_for_stage` keeps what a config round trip would lose (callable
+    or unregistered learning-rate schedules, weight-decay exclusions); other optimizers
+    are rebuilt from their config.
+    """
+    if hasattr(optimizer, "clone_for_stage"):
+        return optimizer.clone_for_stage()
     return optimizer.__class__.from_config(optimizer.get_config())

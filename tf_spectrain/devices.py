@@ -10,6 +10,8 @@ TensorFlow fixes its devices when its runtime initialises, at the first op. So
 returns the devices if they already exist and otherwise raises an error that says so.
 """
 
+import os
+import subprocess
 import warnings
 
 import tensorflow as tf
@@ -54,8 +56,10 @@ def setup_devices(n):
     Call this before any TensorFlow op runs.
 
     - At least `n` physical GPUs: the first `n` (`["/GPU:0", ..., f"/GPU:{n-1}"]`).
-    - Between 1 and `n - 1` GPUs: the GPUs are split into `n` logical GPUs with the memory
-      of each physical GPU split evenly; a warning says that stages share hardware.
+    - Between 1 and `n - 1` GPUs: the GPUs are split into `n` logical GPUs, each physical
+      GPU's memory (read with nvidia-smi; 90% of it) split evenly among its logical GPUs
+      (1024 MB each when it cannot be read); a warning says that stages share hardware
+      and which limits were used.
     - No GPU: the CPU is split into `n` logical CPU devices, with a warning, and TensorFlow's
       inter-op thread pool gets at least `n` threads so that stages can run concurrently.
 
@@ -68,6 +72,10 @@ def setup_devices(n):
 
     Returns:
         A list of `n` device names such as `"/GPU:0"` or `"/CPU:3"`.
+
+    Raises:
+        ValueError: if `n` is not an integer >= 1.
+        RuntimeError: if TensorFlow has already initialised with fewer than `n` devices.
     """
     _check_count(n)
     gpus = tf.config.list_physical_devices("GPU")
@@ -103,27 +111,63 @@ def split_counts(num_physical, n):
     return [n // num_physical + (1 if i < n % num_physical else 0) for i in range(num_physical)]
 
 
+_FALLBACK_GPU_MB = 1024
+
+
 def _split_gpus(gpus, n):
-    for gpu, count in zip(gpus, split_counts(len(gpus), n)):
-        total_mb = _gpu_memory_mb(gpu)
-        limit = max(256, int(total_mb * 0.9) // count) if total_mb else 1024
+    totals = gpu_memory_mb(len(gpus))
+    limits = []
+    for gpu, count, total in zip(gpus, split_counts(len(gpus), n), totals):
+        # Leave 10% of the memory to the CUDA context and TensorFlow's own allocations.
+        limit = max(256, int(total * 0.9) // count) if total else _FALLBACK_GPU_MB
+        limits.append(limit)
         tf.config.set_logical_device_configuration(
             gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * count
         )
+    unknown = "" if all(totals) else (
+        f" The memory of some GPUs could not be read (nvidia-smi), so they got "
+        f"{_FALLBACK_GPU_MB} MB per logical device."
+    )
     warnings.warn(
-        f"Only {len(gpus)} GPU(s) for {n} devices: split into {n} logical GPUs; "
-        "stages on the same physical GPU share its compute and memory.",
+        f"Only {len(gpus)} GPU(s) for {n} devices: split into {n} logical GPUs with memory "
+        f"limits {limits} MB; stages on the same physical GPU share its compute and "
+        f"memory.{unknown}",
         stacklevel=3,
     )
 
 
-def _gpu_memory_mb(gpu):
+def gpu_memory_mb(num_gpus):
+    """Total memory in MB of each of the first `num_gpus` visible GPUs (None if unknown).
+
+    Read with `nvidia-smi` (TensorFlow can only tell after it has initialised, too late to
+    split the devices); `CUDA_VISIBLE_DEVICES` selects and orders the GPUs as for CUDA.
+    """
     try:
-        details = tf.config.experimental.get_device_details(gpu)
-    except Exception:  # details are best effort; some drivers report nothing
-        return None
-    # Not every build reports memory; fall back to a conservative fixed split.
-    return details.get("memory_limit_mb") or None
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [None] * num_gpus
+    return parse_gpu_memory(out, os.environ.get("CUDA_VISIBLE_DEVICES"), num_gpus)
+
+
+def parse_gpu_memory(text, visible, num_gpus):
+    """Pure part of `gpu_memory_mb`: nvidia-smi's lines, filtered by CUDA_VISIBLE_DEVICES."""
+    totals = []
+    for line in text.strip().splitlines():
+        try:
+            totals.append(int(float(line.strip())))
+        except ValueError:
+            totals.append(None)
+    if visible:
+        try:
+            order = [int(v) for v in visible.split(",") if v.strip()]
+            totals = [totals[i] if 0 <= i < len(totals) else None for i in order]
+        except ValueError:  # UUIDs or MIG names: keep nvidia-smi's order
+            pass
+    totals = (totals + [None] * num_gpus)[:num_gpus]
+    return totals
 
 
 def _split_cpu(n):
@@ -131,7 +175,9 @@ def _split_cpu(n):
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
     )
-    if tf.config.threading.get_inter_op_parallelism_threads() < n:
+    # 0 means "TensorFlow picks", about one thread per core: only raise it, never lower it.
+    current = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+    if current < n:
         tf.config.threading.set_inter_op_parallelism_threads(n)
     if n > 1:
         warnings.warn(

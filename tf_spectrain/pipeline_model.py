@@ -65,6 +65,13 @@ class PipelineModel:
         micro_batches: `sync` mode only: split every mini-batch into this many
             micro-batches that fill and drain the pipeline (GPipe); one update per
             mini-batch.
+
+    Raises:
+        TypeError: if `model` is not a Keras model, or `cuts`/`devices` have wrong types.
+        ValueError: for an unknown mode or target, bad `micro_batches`, cuts that are not
+            layers of the model (or out of order, repeated, leaving a stage empty), a
+            model without a functional graph or with shared layers, devices that do not
+            exist or do not match the number of stages, or too few devices for None.
     """
 
     def __init__(
@@ -114,6 +121,10 @@ class PipelineModel:
                 built on its device. `mode="spectrain"` needs a `tf_spectrain.SpecTrainSGD`.
             loss: a Keras loss or its name.
             metrics: list of Keras metrics or names; "accuracy" fits the loss.
+
+        Raises:
+            TypeError: `mode="spectrain"` without a `SpecTrainSGD`, or `metrics` not a list.
+            ValueError: a missing or unknown optimizer, loss or metric.
         """
         optimizer = compile_utils.resolve_optimizer(optimizer)
         if self.mode == "spectrain" and not isinstance(optimizer, SpecTrainSGD):
@@ -256,8 +267,10 @@ class PipelineModel:
                 logs[m.name] = float(result)
         return logs
 
-    def _record_batch(self, parts):
-        loss = sum(float(p[0]) for p in parts)
+    def _record_batch(self, i, parts):
+        # The loss Keras reports includes the layer losses (regularizers) of every stage.
+        penalty = sum(float(p) for r in self.runners for p in r.penalties.pop(i, ()))
+        loss = sum(float(p[0]) for p in parts) + penalty
         size = sum(int(tf.shape(p[1])[0]) for p in parts)
         self._loss_tracker.update_state(loss, sample_weight=size)
         for _, logits, labels in parts:
@@ -291,6 +304,18 @@ class PipelineModel:
             initial_epoch: the epoch to start at (for resuming).
             steps_per_epoch: mini-batches per epoch; needed when the dataset's length is
                 unknown. The data iterator then continues across epochs.
+
+        Returns:
+            The `keras.callbacks.History` of the run.
+
+        Raises:
+            ValueError: before training, for bad arguments (`epochs`, `batch_size`, data
+                of mismatched lengths, a dataset of unknown length without
+                `steps_per_epoch`) or when `compile` was not called; during training,
+                the first error of any stage or callback, re-raised with its traceback.
+
+        A callback that sets `model.stop_training` ends training at the end of the
+        current epoch (the pipeline drains only there), not after the current mini-batch.
         """
         runners = self._require_compiled()
         _check_int("epochs", epochs, 1)
@@ -327,7 +352,7 @@ class PipelineModel:
 
             def on_batch(i, parts):
                 callback_list.on_train_batch_begin(i)
-                self._record_batch(parts)
+                self._record_batch(i, parts)
                 callback_list.on_train_batch_end(i, self._logs())
 
             try:
@@ -347,10 +372,12 @@ class PipelineModel:
     # --- evaluate / predict -------------------------------------------------------------
 
     def _infer(self, x):
-        h = as_list(x)
+        """Outputs of the stages chained in inference mode, and their layer losses."""
+        h, penalty = as_list(x), 0.0
         for runner in self.runners:
-            h = runner.infer(h)
-        return one_or_list(h)
+            h, stage_penalty = runner.infer(h)
+            penalty += float(stage_penalty)
+        return one_or_list(h), penalty
 
     def _evaluate_logs(self, data, batch_size):
         if isinstance(data, tuple):
@@ -365,8 +392,9 @@ class PipelineModel:
         tracker = keras.metrics.Mean(name="loss")
         metrics = [m.__class__.from_config(m.get_config()) for m in self.metrics]
         for xb, yb in ds:
-            logits = self._infer(xb)
-            tracker.update_state(self.loss(yb, logits), sample_weight=tf.shape(yb)[0])
+            logits, penalty = self._infer(xb)
+            loss = self.loss(yb, logits) + penalty
+            tracker.update_state(loss, sample_weight=tf.shape(yb)[0])
             for m in metrics:
                 m.update_state(yb, logits)
         logs = {"loss": float(tracker.result())}
@@ -378,6 +406,18 @@ class PipelineModel:
         """Loss and metrics on the data (inference mode), as `keras.Model.evaluate`.
 
         Uses the wrapped model's current weights (they are copied to the stages first).
+
+        Args:
+            x, y: arrays, or `x` a `tf.data.Dataset` of `(x, y)` batches.
+            batch_size: for arrays; default 32.
+            verbose: 0 prints nothing; otherwise one line with the results.
+            return_dict: return `{"loss": ..., metric: ...}` instead of a list.
+
+        Returns:
+            The loss (no metrics), a list `[loss, *metrics]`, or a dict.
+
+        Raises:
+            ValueError: if `compile` was not called, or for bad data arguments.
         """
         self._require_compiled()
         self._push_weights()
@@ -396,6 +436,18 @@ class PipelineModel:
         """Model outputs for `x` (arrays or a dataset of inputs), as a NumPy array.
 
         Uses the wrapped model's current weights (they are copied to the stages first).
+
+        Args:
+            x: an array (a list of arrays for several inputs), or a `tf.data.Dataset` of
+                input batches (`(x, y)` batches are accepted, as in Keras).
+            batch_size: for arrays; default 32.
+            verbose: accepted for Keras compatibility; nothing is printed.
+
+        Returns:
+            The model's outputs for all of `x`, concatenated along the batch axis.
+
+        Raises:
+            ValueError: if `compile` was not called or `batch_size` is invalid.
         """
         self._require_compiled()
         self._push_weights()
@@ -411,5 +463,5 @@ class PipelineModel:
         for xb in ds:
             if is_dataset and isinstance(xb, tuple) and len(xb) in (2, 3):
                 xb = xb[0]  # (x, y) or (x, y, sample_weight), as in Keras
-            outputs.append(np.asarray(self._infer(xb)))
+            outputs.append(np.asarray(self._infer(xb)[0]))
         return np.concatenate(outputs, axis=0)

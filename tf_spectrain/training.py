@@ -105,6 +105,14 @@ def prepare(config):
     test_ds = data.load(config.dataset, "test", **common)
     num_train = info.num_train if config.limit is None else min(config.limit, info.num_train)
 
+    last_batch = num_train % config.batch_size
+    if 0 < last_batch < config.micro_batches:
+        raise ValueError(
+            f"The last mini-batch of an epoch has {last_batch} examples ({num_train} training "
+            f"examples, --batch-size {config.batch_size}), fewer than --micro-batches "
+            f"{config.micro_batches}: it cannot be split. Choose a batch size that leaves no "
+            "remainder or a larger one, or fewer micro-batches."
+        )
     if config.mode in PIPELINE_MODES:
         model = models.get_model(config.model, info.image_shape, info.num_classes)
         cuts = config.cuts

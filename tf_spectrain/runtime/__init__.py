@@ -1,0 +1,1 @@
+"""The pipeline runtime: stage passes (`stage`), hand-offs (`handoff`), epochs (`executor`)."""

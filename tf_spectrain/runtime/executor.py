@@ -32,8 +32,10 @@ def split_batch(x, parts):
     n = int(xs[0].shape[0])
     if parts > n:
         raise ValueError(
-            f"A mini-batch of {n} examples cannot be split into {parts} micro-batches; "
-            f"use `micro_batches` <= {n} or a larger batch size."
+            f"A mini-batch of {n} examples cannot be split into {parts} micro-batches "
+            "(each needs at least one example). This is usually the last, smaller "
+            "mini-batch of an epoch: choose a batch size that divides the number of "
+            "examples (or drop the remainder), or fewer micro-batches."
         )
     sizes = [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
     pieces = [tf.split(t, sizes) for t in xs]

@@ -32,6 +32,13 @@ def one_or_list(xs):
     return xs[0] if len(xs) == 1 else list(xs)
 
 
+def _with_penalty(grads_out):
+    """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is."""
+    if grads_out is None:
+        return None  # last stage: every output is a scalar part of the loss
+    return list(grads_out) + [tf.ones((), tf.float32)]
+
+
 def _graph_function(method):
     """`tf.function` of a runner's bound method.
 
@@ -68,7 +75,10 @@ class StageRunner:
             trainable variables. Predictions (`s > 0`) need a `SpecTrainSGD`.
         plan: the stage's `modes.PassPlan`.
         loss: on the last stage, the loss function `loss(y_true, y_pred)`; else None.
-        training_metrics: on the last stage, metrics updated with `(y_true, y_pred)`.
+
+    Layer losses of the stage (weight regularizers, `add_loss`) are added to the
+    stage's objective, as `model.fit` adds them to the loss; `penalties[i]` keeps their
+    values per mini-batch so the reported loss can include them.
     """
 
     def __init__(self, k, model, device, optimizer, plan, loss=None):
@@ -87,6 +97,7 @@ class StageRunner:
             self._momenta = [optimizer.momentum_of(v).value for v in self.trainable]
         self._inflight = {}
         self._pending = None
+        self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
         self.updates = 0
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
         self._forward_fn = _graph_function(self._forward)
@@ -103,23 +114,32 @@ class StageRunner:
         return [v + steps * m for v, m in zip(self._tf_trainable, self._momenta)]
 
     def _run(self, weights, non_trainable, inputs, labels, scale):
-        outputs, new_state = self.model.stateless_call(
-            weights, non_trainable, one_or_list(inputs), training=True
+        """The stage at `weights`: `(outputs, penalty, new_state, logits)`.
+
+        `outputs` is the list of tensors to hand on (the last stage: `[loss * scale]`),
+        `penalty` the stage's own layer losses (weight regularizers, `add_loss`) times
+        `scale`, which `model.fit` adds to the loss, and `logits` the model output on the
+        last stage (else None).
+        """
+        outputs, new_state, losses = self.model.stateless_call(
+            weights, non_trainable, one_or_list(inputs), training=True, return_losses=True
         )
+        penalty = tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else 0.0
+        penalty = tf.convert_to_tensor(penalty, tf.float32) * scale
         if not self.is_last:
-            return as_list(outputs), new_state, None
+            return as_list(outputs), penalty, new_state, None
         loss = self.loss(labels, outputs)
-        return [loss * scale], new_state, outputs
+        return [loss * scale], penalty, new_state, outputs
 
     def _forward(self, inputs, labels, scale, steps):
         with tf.device(self.device):
             state = [v.value for v in self.non_trainable]
-            outputs, new_state, logits = self._run(
+            outputs, penalty, new_state, logits = self._run(
                 self._weights(steps), state, inputs, labels, scale
             )
             for v, value in zip(self.non_trainable, new_state):
                 v.assign(value)
-            return outputs, logits
+            return outputs, penalty, logits
 
     def _input_targets(self, inputs):
         """The inputs whose gradient the previous stage needs (none on stage 0)."""
@@ -131,11 +151,11 @@ class StageRunner:
                 tape.watch(self._input_targets(inputs))
                 weights = self._weights(steps)
                 tape.watch(weights)
-                outputs, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
+                outputs, penalty, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
             grads = tape.gradient(
-                outputs,
+                outputs + [penalty],
                 weights + self._input_targets(inputs),
-                output_gradients=grads_out,
+                output_gradients=_with_penalty(grads_out),
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
             return grads[: len(weights)], grads[len(weights) :]
@@ -146,7 +166,9 @@ class StageRunner:
 
     def _infer(self, inputs):
         with tf.device(self.device):
-            return as_list(self.model(one_or_list(inputs), training=False))
+            outputs = as_list(self.model(one_or_list(inputs), training=False))
+            losses = [tf.cast(x, tf.float32) for x in self.model.losses]
+            return outputs, tf.add_n(losses) if losses else tf.zeros((), tf.float32)
 
     # --- passes -------------------------------------------------------------------------
 
@@ -166,21 +188,25 @@ class StageRunner:
         start = time.perf_counter()
         inputs = as_list(inputs)
         record = _InFlight(inputs=inputs, labels=labels, scale=scale)
-        scale_t = tf.constant(scale, tf.float32)
-        labels_t = labels if labels is not None else tf.zeros((), tf.float32)
-        if keep_activations:
-            tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
-            with tape:
-                tape.watch(self._input_targets(inputs))
-                tape.watch(self._tf_trainable)
-                outputs, logits = self._forward_fn(
+        with tf.device(self.device):
+            scale_t = tf.constant(scale, tf.float32)
+            labels_t = labels if labels is not None else tf.zeros((), tf.float32)
+            if keep_activations:
+                tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
+                with tape:
+                    tape.watch(self._input_targets(inputs))
+                    tape.watch(self._tf_trainable)
+                    outputs, penalty, logits = self._forward_fn(
+                        inputs, labels_t, scale_t, self.plan.forward_steps
+                    )
+                record.tape, record.outputs = tape, outputs + [penalty]
+            else:
+                record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
+                outputs, penalty, logits = self._forward_fn(
                     inputs, labels_t, scale_t, self.plan.forward_steps
                 )
-            record.tape, record.outputs = tape, outputs
-        else:
-            record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
-            outputs, logits = self._forward_fn(inputs, labels_t, scale_t, self.plan.forward_steps)
         self._inflight[key] = record
+        self.penalties.setdefault(key[0], []).append(penalty)
         self.timeline.append(("forward", key, start, time.perf_counter()))
         if self.is_last:
             return outputs[0], logits
@@ -199,26 +225,27 @@ class StageRunner:
         start = time.perf_counter()
         record = self._inflight.pop(key)
         grads_out = None if grads_out is None else as_list(grads_out)
-        if record.tape is not None:
-            grads = record.tape.gradient(
-                record.outputs,
-                self._tf_trainable + self._input_targets(record.inputs),
-                output_gradients=grads_out,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-            n = len(self._tf_trainable)
-            grads_w, grads_x = grads[:n], grads[n:]
-        else:
-            labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
-            grads_w, grads_x = self._vjp_fn(
-                record.inputs,
-                grads_out,
-                record.non_trainable,
-                labels,
-                tf.constant(record.scale, tf.float32),
-                self.plan.backward_steps,
-            )
-        self._accumulate(grads_w)
+        with tf.device(self.device):
+            if record.tape is not None:
+                grads = record.tape.gradient(
+                    record.outputs,
+                    self._tf_trainable + self._input_targets(record.inputs),
+                    output_gradients=_with_penalty(grads_out),
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                )
+                n = len(self._tf_trainable)
+                grads_w, grads_x = grads[:n], grads[n:]
+            else:
+                labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
+                grads_w, grads_x = self._vjp_fn(
+                    record.inputs,
+                    grads_out,
+                    record.non_trainable,
+                    labels,
+                    tf.constant(record.scale, tf.float32),
+                    self.plan.backward_steps,
+                )
+            self._accumulate(grads_w)
         self.timeline.append(("backward", key, start, time.perf_counter()))
         return list(grads_x)
 
@@ -239,13 +266,19 @@ class StageRunner:
         self.timeline.append(("update", None, start, time.perf_counter()))
 
     def infer(self, inputs):
-        """Inference forward (training=False); returns the output tensors as a list."""
+        """Inference forward (training=False).
+
+        Returns:
+            `(outputs, penalty)`: the output tensors as a list, and the stage's layer
+            losses for these inputs (a scalar, 0 without regularizers).
+        """
         return self._infer_fn(as_list(inputs))
 
     def reset(self):
         """Forgets in-flight state (after an aborted epoch)."""
         self._inflight.clear()
         self._pending = None
+        self.penalties.clear()
 
     @property
     def in_flight(self):
