@@ -741,3 +741,56 @@ def test_default_devices_too_few_says_how_to_get_more():
     with pytest.raises(ValueError, match=r"needs 6 distinct devices, but only 4 exist.*"
                                          r"setup_devices\(6\)"):
         PipelineModel(model, cuts=[f"d{n}" for n in range(5)], mode="stash")
+
+
+def _dropout_model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(16, activation="relu", name="dense0")(inputs)
+    h = keras.layers.Dropout(0.5, seed=seed, name="drop")(h)
+    h = keras.layers.Dense(8, activation="relu", name="dense1")(h)
+    out = keras.layers.Dense(3, name="dense2")(h)
+    return keras.Model(inputs, out)
+
+
+def _train_one_batch(model, mode):
+    x, y = _mlp_data(1)
+    pipe = compiled_pipe(model, cuts=["drop"], mode=mode)
+    pipe.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def test_recomputation_draws_the_forwards_dropout_mask(forward_spy):
+    # One mini-batch: no update happens between F(0) and B(0), so paper SpecTrain's
+    # recomputed backward (stage 0: s_f != s_b, recomputed) must equal stash's backward
+    # through the kept activations, which holds only if the recomputation draws the same
+    # dropout mask as the forward.
+    stash = _train_one_batch(_dropout_model(3), "stash")
+    paper = _train_one_batch(_dropout_model(3), "spectrain")
+    paper_calls = forward_spy[2:]  # after stash's two forwards (stage 0, stage 1)
+    assert [(c[0], c[2]) for c in paper_calls] == [(0, False), (1, True)]  # stage 0 recomputes
+    assert_weights_close(paper, stash, atol=1e-6)
+    # The comparison can fail: another mask gives other weights.
+    other = _train_one_batch(_dropout_model(4), "stash")
+    assert max_change(other, stash) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "spectrain", "stash"])
+def test_batch_norm_statistics_move_once_per_mini_batch(mode):
+    # A BatchNorm on the raw input of stage 0: its moving mean depends only on the data,
+    # so after T mini-batches it must be the T-step moving average computed in NumPy; a
+    # recomputation that updated it too would make 2T steps.
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((5,))
+    h = keras.layers.BatchNormalization(momentum=0.5, name="bn")(inputs)
+    h = keras.layers.Dense(8, activation="relu", name="dense0")(h)
+    out = keras.layers.Dense(3, name="dense1")(h)
+    model = keras.Model(inputs, out)
+    x, y = _mlp_data(NUM_BATCHES)
+    x = x + 3.0  # away from the initial moving mean 0
+    pipe = compiled_pipe(model, cuts=["dense0"], mode=mode)
+    pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    expected = np.zeros(5)
+    for i in range(0, len(x), BATCH):
+        expected = 0.5 * expected + 0.5 * x[i:i + BATCH].mean(axis=0)
+    np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(), expected, atol=1e-5)
