@@ -8,9 +8,10 @@ builders can assume valid input.
 """
 
 import collections
-import difflib
 import inspect
 import numbers
+
+from tf_spectrain.messages import did_you_mean
 
 from . import resnet, small, vgg
 
@@ -69,19 +70,12 @@ def get_model(name, input_shape, num_classes, **kwargs):
     return entry.builder(input_shape, int(num_classes), **kwargs)
 
 
-def _did_you_mean(value, options):
-    if not isinstance(value, str):
-        return ""
-    matches = difflib.get_close_matches(value.lower(), options, n=1)
-    return f"; did you mean '{matches[0]}'?" if matches else ""
-
-
 def _lookup(name):
     if isinstance(name, str) and name in _MODELS:
         return _MODELS[name]
     raise ValueError(
         f"`name` must be one of {model_names()}. Received: name={name!r}"
-        + _did_you_mean(name, model_names())
+        + did_you_mean(name, model_names(), ignore_case=True)
     )
 
 
@@ -130,7 +124,7 @@ def _check_options(kwargs, name, builder):
     unknown = sorted(set(kwargs) - set(valid))
     if not unknown:
         return
-    hint = _did_you_mean(unknown[0], valid) if valid else ""
+    hint = did_you_mean(unknown[0], valid, ignore_case=True) if valid else ""
     raise TypeError(
         f"Unknown keyword argument(s) for model '{name}': {unknown}. "
         f"Valid keyword arguments: {valid if valid else 'none'}{hint}"

@@ -6,14 +6,16 @@ bad input exits with code 2 and a message within seconds, so a typo never costs 
 """
 
 import argparse
-import difflib
 import os
 import sys
 import time
 
-PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
+from tf_spectrain import modes
+from tf_spectrain.messages import did_you_mean
+
+PIPELINE_MODES = modes.MODES
 MODES = PIPELINE_MODES + ("single", "dp")
-TARGETS = ("paper", "consistent")
+TARGETS = modes.TARGETS
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
     "weight stashing), vanilla (naive, stale), sync (sequential SGD / GPipe); baselines: "
@@ -92,8 +94,7 @@ def _comma_list(text):
 
 
 def _choice_error(flag, value, choices):
-    close = difflib.get_close_matches(str(value), choices, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(value, choices)
     return f"{flag} must be one of {list(choices)}. Received: {flag} {value}{hint}"
 
 

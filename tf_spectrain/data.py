@@ -41,7 +41,6 @@ to call before the program has set up its devices.
 """
 
 import dataclasses
-import difflib
 import functools
 import numbers
 import os
@@ -49,6 +48,8 @@ import re
 
 import numpy as np
 import tensorflow as tf
+
+from tf_spectrain.messages import did_you_mean
 
 IMAGE_SIZE = 32
 _PAD = 4  # pixels of padding before the random crop
@@ -120,11 +121,8 @@ def _check_name(name):
     if isinstance(name, str) and name in _INFOS:
         return name
     message = f"`dataset` must be one of {dataset_names()}. Received: dataset={name!r}"
-    if isinstance(name, str):
-        close = difflib.get_close_matches(name.lower(), dataset_names(), n=1, cutoff=0.5)
-        if close:
-            raise ValueError(f"{message}; did you mean {close[0]!r}?")
-    raise ValueError(f"{message}.")
+    hint = did_you_mean(name, dataset_names(), ignore_case=True, cutoff=0.5)
+    raise ValueError(f"{message}{hint or '.'}")
 
 
 def _check_split(split):

@@ -14,17 +14,16 @@ weights), and whether the backward reuses the forward's weights and activations.
 """
 
 import dataclasses
-import difflib
 
 from tf_spectrain import schedule
+from tf_spectrain.messages import did_you_mean
 
 MODES = ("sync", "vanilla", "stash", "spectrain")
 TARGETS = schedule.TARGETS
 
 
 def _choice_error(name, value, choices):
-    close = difflib.get_close_matches(str(value), choices, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(value, choices)
     return ValueError(f"`{name}` must be one of {list(choices)}. Received: {name}={value!r}{hint}")
 
 

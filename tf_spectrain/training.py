@@ -19,12 +19,10 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import data, devices, models, partition
+from tf_spectrain import data, devices, models, modes, partition
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
-BASELINE_MODES = ("single", "dp")
-PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
 
 
 def make_sgd(config, cls=keras.optimizers.SGD):
@@ -113,7 +111,7 @@ def prepare(config):
             f"{config.micro_batches}: it cannot be split. Choose a batch size that leaves no "
             "remainder or a larger one, or fewer micro-batches."
         )
-    if config.mode in PIPELINE_MODES:
+    if config.mode in modes.MODES:
         model = models.get_model(config.model, info.image_shape, info.num_classes)
         cuts = config.cuts
         if cuts is None:

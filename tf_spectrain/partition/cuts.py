@@ -4,8 +4,7 @@ A cut is the name of a layer that ENDS a stage; `N - 1` cuts make `N` stages. In
 a cut is the layer's position in the model's topological order (see `graph.py`).
 """
 
-import difflib
-
+from tf_spectrain.messages import did_you_mean
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.partition.planner import plan_cuts
 
@@ -115,9 +114,9 @@ def _unknown_name_message(graph, cuts, name):
             f"so the first stage would be empty. {received}"
         )
     message = f"`cuts` must name layers of the model '{graph.model.name}'. {received}"
-    close = difflib.get_close_matches(name, graph.names, n=1)
-    if close:
-        return f"{message}; did you mean '{close[0]}'?"
+    hint = did_you_mean(name, graph.names)
+    if hint:
+        return message + hint
     return f"{message}. Valid names (model.summary() lists them): {_preview(graph.names)}"
 
 
