@@ -10,16 +10,19 @@ Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, build a model wit
 `tf_spectrain.models.get_model(...)`, and train it with `tf_spectrain.PipelineModel`.
 """
 
-from tf_spectrain import data, models, partition, schedule
+from tf_spectrain import callbacks, checkpoint_store, data, models, partition, schedule
 from tf_spectrain.devices import setup_devices
 from tf_spectrain.optimizer import SpecTrainSGD
-from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NonFiniteLossError",
     "PipelineModel",
     "SpecTrainSGD",
+    "callbacks",
+    "checkpoint_store",
     "data",
     "models",
     "partition",

@@ -6,7 +6,9 @@ bad input exits with code 2 and a message within seconds, so a typo never costs 
 """
 
 import argparse
+import math
 import os
+import signal
 import sys
 import time
 
@@ -16,6 +18,7 @@ from tf_spectrain.messages import did_you_mean
 PIPELINE_MODES = modes.MODES
 MODES = PIPELINE_MODES + ("single", "dp")
 TARGETS = modes.TARGETS
+ON_NAN = ("stop", "skip")
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
     "weight stashing), vanilla (naive, stale), sync (sequential SGD / GPipe); baselines: "
@@ -79,9 +82,66 @@ def build_parser():
     p.add_argument(
         "--logdir",
         default=None,
-        help="TensorBoard log dir (default: runs/<model>-<mode>-<timestamp>)",
+        help="TensorBoard log dir (default: runs/<model>-<mode>-<timestamp>; with --resume "
+        "and --checkpoint-dir: the checkpoint dir's parent)",
+    )
+    p.add_argument(
+        "--log-every",
+        default="auto",
+        type=_auto_or_int,
+        help="write per-step scalars every N mini-batches; 'auto' keeps logging under 2%% "
+        "of the training time",
+    )
+    p.add_argument(
+        "--prediction-every",
+        type=int,
+        default=10,
+        help="pipelines: measure the weight prediction error (staleness) on every Nth "
+        "mini-batch of each epoch, on every stage; 0 turns it off",
+    )
+    p.add_argument("--graph", action="store_true", help="also write the model graph to TensorBoard")
+    p.add_argument(
+        "--histograms", action="store_true", help="also write weight histograms every epoch"
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where to save a checkpoint at every epoch end and on SIGINT/SIGTERM "
+        "(default: <logdir>/checkpoints)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        help="how many of the newest checkpoints to keep; 0 saves none",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --checkpoint-dir (or <logdir>/checkpoints)",
+    )
+    p.add_argument(
+        "--on-nan",
+        default="stop",
+        help="a non-finite loss: 'stop' (say where it came from; keep the last good "
+        "checkpoint) or 'skip' (pipelines: leave out updates whose gradient is not finite)",
+    )
+    p.add_argument(
+        "--export",
+        default=None,
+        help="save the trained model here as a .keras file (default: <logdir>/model.keras; "
+        "'none' to skip)",
     )
     return p
+
+
+def _auto_or_int(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer; got {text!r}") from None
 
 
 def _comma_list(text):
@@ -124,14 +184,16 @@ def check_args(args):
     errors += _check_pipeline_flags(args)
     if args.limit is not None and args.limit < 1:
         errors.append(f"--limit must be an integer >= 1. Received: --limit {args.limit}")
-    if not args.lr > 0:
-        errors.append(f"--lr must be a number > 0. Received: --lr {args.lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        errors.append(f"--lr must be a finite number > 0. Received: --lr {args.lr}")
     if not 0 <= args.momentum < 1:
         errors.append(
             f"--momentum must be in [0, 1) (0 <= momentum < 1). Received: --momentum {args.momentum}"
         )
-    if not args.weight_decay >= 0:
-        errors.append(f"--weight-decay must be >= 0. Received: --weight-decay {args.weight_decay}")
+    if not (args.weight_decay >= 0 and math.isfinite(args.weight_decay)):
+        errors.append(
+            f"--weight-decay must be a finite number >= 0. Received: --weight-decay {args.weight_decay}"
+        )
     if args.seed < 0:
         errors.append(f"--seed must be >= 0. Received: --seed {args.seed}")
     if args.data_dir is not None and not args.download and not os.path.isdir(args.data_dir):
@@ -139,6 +201,7 @@ def check_args(args):
             f"--data-dir {args.data_dir} does not exist. Pass the folder that holds the "
             "prepared tensorflow-datasets data, or add --download to create it."
         )
+    errors += _check_run_flags(args)
     if not errors and args.dataset in data.dataset_names():
         try:
             data.check_available(args.dataset, data_dir=args.data_dir, download=args.download)
@@ -172,6 +235,62 @@ def _check_pipeline_flags(args):
     return errors
 
 
+def _check_run_flags(args):
+    """Telemetry, checkpoint, fault-handling and output flags."""
+    errors = []
+    if args.log_every != "auto" and args.log_every < 1:
+        errors.append(
+            f"--log-every must be 'auto' or an integer >= 1. Received: --log-every {args.log_every}"
+        )
+    if args.prediction_every < 0:
+        errors.append(
+            "--prediction-every must be an integer >= 0 (0: off). "
+            f"Received: --prediction-every {args.prediction_every}"
+        )
+    if args.keep_checkpoints < 0:
+        errors.append(
+            "--keep-checkpoints must be an integer >= 0 (0: no checkpoints). "
+            f"Received: --keep-checkpoints {args.keep_checkpoints}"
+        )
+    if args.resume and args.keep_checkpoints == 0:
+        errors.append("--resume needs checkpoints: it cannot be used with --keep-checkpoints 0")
+    if args.resume and args.checkpoint_dir is None and args.logdir is None:
+        errors.append(
+            "--resume needs to know where the checkpoints are: give --checkpoint-dir, or the "
+            "--logdir of the run to continue (its checkpoints are in <logdir>/checkpoints)"
+        )
+    if args.on_nan not in ON_NAN:
+        errors.append(_choice_error("--on-nan", args.on_nan, ON_NAN))
+    elif args.on_nan == "skip" and args.mode not in PIPELINE_MODES:
+        errors.append(
+            f"--on-nan skip is only available for the pipeline modes {list(PIPELINE_MODES)}; "
+            f"with --mode {args.mode} use --on-nan stop"
+        )
+    if args.export is not None and args.export != "none" and not args.export.endswith(".keras"):
+        errors.append(
+            f"--export must be a file name ending in .keras (or 'none'). Received: --export {args.export}"
+        )
+    return errors
+
+
+def _check_writable(args):
+    """Creates the output dirs now, so that an unwritable one fails before training."""
+    from tf_spectrain import checkpoint_store
+
+    errors = []
+    targets = [("--logdir", args.logdir)]
+    if args.keep_checkpoints:
+        targets.append(("--checkpoint-dir", args.checkpoint_dir))
+    if args.export not in (None, "none"):
+        targets.append(("--export", os.path.dirname(os.path.abspath(args.export))))
+    for flag, path in targets:
+        try:
+            checkpoint_store.check_writable_dir(path, flag)
+        except (ValueError, TypeError) as e:
+            errors.append(str(e))
+    return errors
+
+
 def default_logdir(model, mode):
     """`runs/<model>-<mode>-<timestamp>`."""
     return os.path.join("runs", f"{model}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -185,12 +304,69 @@ def parse_args(argv=None):
     if errors:
         parser.error("\n  ".join(errors))
     if args.logdir is None:
-        args.logdir = default_logdir(args.model, args.mode)
+        if args.resume and args.checkpoint_dir is not None:
+            args.logdir = os.path.dirname(os.path.abspath(args.checkpoint_dir))
+        else:
+            args.logdir = default_logdir(args.model, args.mode)
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = os.path.join(args.logdir, "checkpoints")
+    if args.export is None:
+        args.export = os.path.join(args.logdir, "model.keras")
+    errors = _check_writable(args)
+    if errors:
+        parser.error("\n  ".join(errors))
     return args
 
 
+def resume_command(argv, args):
+    """The command line that continues this run from its newest checkpoint."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        flag = item.split("=", 1)[0]
+        if flag in ("--logdir", "--checkpoint-dir"):
+            skip = "=" not in item
+            continue
+        if flag != "--resume":
+            kept.append(item)
+    extra = ["--logdir", args.logdir, "--checkpoint-dir", args.checkpoint_dir, "--resume"]
+    return " ".join(["python train.py"] + kept + extra)
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM: the first asks the run to stop cleanly, a second SIGINT quits."""
+
+    def __init__(self, run, training):
+        self.run, self.training = run, training
+        self.received = None
+
+    def __call__(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            raise KeyboardInterrupt(f"second {name}: quitting without saving")
+        self.received = name
+        print(
+            f"\n{name} received: finishing the mini-batches in flight, then saving a "
+            "checkpoint (send SIGINT again to quit at once without saving)...",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.training.request_stop(self.run)
+
+    def install(self):
+        previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
 def main(argv=None):
-    """Entry point of `train.py`: parse, check, train, print the summary line."""
+    """Entry point of `train.py`: parse, check, train, print the summary line.
+
+    Returns 0 after training, and after a clean stop on SIGINT/SIGTERM (with a checkpoint
+    and the command that resumes); 1 when training stopped on a non-finite loss.
+    """
     parser = build_parser()
     args = parse_args(argv)
     from tf_spectrain import training
@@ -200,7 +376,34 @@ def main(argv=None):
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     print(training.describe(run), flush=True)
-    result = training.train(run)
+    stopper = _StopOnSignal(run, training)
+    uninstall = stopper.install()
+    try:
+        result = training.train(run)
+    except training.NonFiniteLossError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        if run.checkpoint is not None and run.checkpoint.last_path:
+            print(
+                f"The last good checkpoint is {run.checkpoint.last_path}; to continue from it "
+                f"(e.g. with a lower --lr): {resume_command(argv, args)}",
+                file=sys.stderr,
+            )
+        return 1
+    finally:
+        uninstall()
+    if result["interrupted"]:
+        epoch, batch, total = result["stopped_at"]
+        where = f"epoch {epoch}, after {batch} of its {total} mini-batches"
+        if result["checkpoint"]:
+            print(
+                f"Stopped by {stopper.received} at {where}. Saved checkpoint "
+                f"{result['checkpoint']}.\nTo resume: {resume_command(argv, args)}"
+            )
+        else:
+            print(f"Stopped by {stopper.received} at {where}; checkpoints are off, nothing saved.")
+        return 0
+    if result.get("export"):
+        print(f"trained model saved to {result['export']}")
     print(
         f"test accuracy {result['test_accuracy']:.4f} | "
         f"{result['images_per_second']:.1f} images/s | "

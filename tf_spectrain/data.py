@@ -374,10 +374,11 @@ def _augment(image, seed, flip):
     return image
 
 
-def _with_augmentation(examples, name, seed):
-    # One fresh pair of seeds per example, deterministic for `seed`, new on each pass.
+def _with_augmentation(examples, name, seed, rerandomize=True):
+    # One fresh pair of seeds per example, deterministic for `seed`, new on each pass
+    # (unless `rerandomize` is False: then every pass draws the same).
     seeds = tf.data.Dataset.random(
-        seed=seed + _AUGMENT_SEED_OFFSET, rerandomize_each_iteration=True
+        seed=seed + _AUGMENT_SEED_OFFSET, rerandomize_each_iteration=rerandomize
     ).batch(2)
     flip = name in _FLIP_INVARIANT
     return tf.data.Dataset.zip((examples, seeds)).map(
@@ -445,28 +446,121 @@ def load(
     _check_bool("augment", augment, allow_none=True)
     training = split == "train" if training is None else training
     augment = training if augment is None else augment
+    examples, size = _source(info, split, data_dir, download, limit)
+    batches = _pass(examples, size, info.name, batch_size, seed, training, augment)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
+
+def _source(info, split, data_dir, download, limit):
+    """The split's raw examples (the first `limit`) and how many there are."""
     if info.source == "sklearn":
         _check_data_dir(data_dir)
         _check_bool("download", download)
         examples = _digits_source(split)
     else:
-        examples = _tfds_source(name, split, data_dir, download)
+        examples = _tfds_source(info.name, split, data_dir, download)
     size = info.num_train if split == "train" else info.num_test
     if limit is not None:
         examples = examples.take(limit)
         size = min(size, limit)
-    if training:
-        examples = examples.shuffle(size, seed=seed, reshuffle_each_iteration=True)
+    return examples, size
+
+
+def _pass(examples, size, name, batch_size, seed, shuffle, augment, rerandomize=True):
+    """One pass over `examples`: shuffled, augmented, normalised, batched."""
+    if shuffle:
+        examples = examples.shuffle(size, seed=seed, reshuffle_each_iteration=rerandomize)
     examples = examples.map(_to_unit_rgb32, num_parallel_calls=tf.data.AUTOTUNE)
     if augment:
-        examples = _with_augmentation(examples, name, seed)
+        examples = _with_augmentation(examples, name, seed, rerandomize)
     mean, std = _stats(name)
     examples = examples.map(
         lambda image, label: ((image - mean) / std, label),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
-    return examples.batch(batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE)
+    return examples.batch(batch_size, drop_remainder=False)
+
+
+def epoch_seed(seed, epoch):
+    """The shuffle and augmentation seed of training epoch `epoch` of a run seeded `seed`.
+
+    A pure function of both, in [0, 2**62): the order of any epoch can be rebuilt from
+    the run's seed and the epoch number alone (what checkpoints keep to resume exactly).
+    """
+    _check_int("seed", seed, 0, _MAX_SEED)
+    _check_int("epoch", epoch, 0)
+    state = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(2, np.uint32)
+    return (int(state[0]) << 30 | int(state[1]) >> 2) % _MAX_SEED
+
+
+def steps_per_epoch(name, batch_size, limit=None):
+    """Mini-batches in one training epoch (the last one may be smaller)."""
+    info = get_info(name)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("limit", limit, 1, allow_none=True)
+    size = info.num_train if limit is None else min(limit, info.num_train)
+    return -(-size // batch_size)
+
+
+def load_epochs(
+    name,
+    batch_size,
+    *,
+    epochs,
+    start_epoch=0,
+    skip_batches=0,
+    seed=0,
+    data_dir=None,
+    download=False,
+    limit=None,
+    augment=True,
+):
+    """The training batches of epochs `start_epoch .. epochs - 1`, one after another.
+
+    Unlike `load`, whose order changes with each pass over the dataset, the order and
+    augmentation of epoch `e` here depend only on `(seed, e)` (see `epoch_seed`): a run
+    resumed at epoch `e`, in a new process, sees exactly the data an uninterrupted run
+    would have seen. Pass `steps_per_epoch(name, batch_size, limit)` to `fit`, as the
+    dataset holds several epochs.
+
+    Args:
+        name: a dataset name, one of `dataset_names()`.
+        batch_size: examples per batch, an int >= 1.
+        epochs: the epoch to stop before (an int > `start_epoch`).
+        start_epoch: the first epoch, an int >= 0.
+        skip_batches: leave out the first batches of `start_epoch` (resuming a
+            checkpoint written in the middle of an epoch); an int >= 0 smaller than the
+            number of batches of an epoch.
+        seed: an int in [0, 2**62), the run's seed.
+        data_dir, download, limit: as for `load`.
+        augment: apply the random crop (and flip), as for `load`.
+
+    Returns:
+        A finite `tf.data.Dataset` of `(images, labels)` batches, prefetched.
+
+    Raises:
+        ValueError, TypeError, DatasetNotFoundError: for bad arguments, as for `load`.
+    """
+    info = get_info(name)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("seed", seed, 0, _MAX_SEED)
+    _check_int("limit", limit, 1, allow_none=True)
+    _check_int("start_epoch", start_epoch, 0)
+    _check_int("epochs", epochs, start_epoch + 1)
+    per_epoch = steps_per_epoch(name, batch_size, limit)
+    _check_int("skip_batches", skip_batches, 0, per_epoch)
+    _check_bool("augment", augment)
+    examples, size = _source(info, "train", data_dir, download, limit)
+    dataset = None
+    for epoch in range(start_epoch, epochs):
+        one = _pass(
+            examples, size, info.name, batch_size, epoch_seed(seed, epoch), True, augment,
+            rerandomize=False,
+        )
+        if epoch == start_epoch and skip_batches:
+            one = one.skip(skip_batches)
+        dataset = one if dataset is None else dataset.concatenate(one)
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def load_arrays(name, split, *, data_dir=None, download=False, limit=None):

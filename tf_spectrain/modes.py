@@ -77,3 +77,29 @@ def pass_plan(mode, k, num_stages, target="paper"):
     if mode == "vanilla":
         return PassPlan(0, 0)
     return PassPlan(s_f, s_b)
+
+
+def probe_horizons(mode, k, num_stages, target="paper"):
+    """How many updates ahead of its own weight version each pass of stage k aims.
+
+    The telemetry measures a pass's weight error against the weights the stage holds
+    when it reaches the version `v + h` (`v`: the version the stage is at when the pass
+    runs, `h`: the horizon returned here). For SpecTrain the horizon is the prediction's
+    own version gap, so the error says how well `W + s * m` foresaw the real weights.
+    Vanilla and stash do not predict; they are measured against the version SpecTrain's
+    paper rule aims at, so their distance is exactly the staleness SpecTrain corrects.
+    A horizon of 0 means nothing to measure (the pass aims at the weights it has).
+
+    Returns:
+        `(h_forward, h_backward)`. `h_backward` refers to the backward's own version
+        `i`; where the backward reuses the forward's weights (stash, consistent) the
+        measured weights are the forward's.
+    """
+    check_mode(mode, target)
+    if mode == "sync":
+        return 0, 0
+    s_f, s_b = schedule.version_gaps(k, num_stages, "paper")
+    if mode == "spectrain" and target == "consistent":
+        return num_stages - 1 - k, 0
+    return s_f, s_b
+

@@ -10,19 +10,28 @@ any object with the same attributes). Modes:
   baseline the SpecTrain paper compares against (each step all-reduces every gradient).
 - `sync`, `vanilla`, `stash`, `spectrain`: a pipeline of `--gpus` stages
   (`tf_spectrain.PipelineModel`), see SPECTRAIN.md.
+
+Every mode writes TensorBoard scalars (`tf_spectrain.callbacks.Telemetry`), saves a
+checkpoint at every epoch end (`tf_spectrain.callbacks.PipelineCheckpoint`) and can resume
+from the newest one exactly: the training data of epoch `e` depends only on the seed and `e`
+(`tf_spectrain.data.load_epochs`), so a resumed run sees the same data as an uninterrupted one.
 """
 
 import dataclasses
+import math
 import time
 import warnings
 
 import keras
 import tensorflow as tf
 
-from tf_spectrain import data, devices, models, modes, partition
+from tf_spectrain import checkpoint_store, data, devices, models, modes, partition
+from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry, restore_checkpoint
 from tf_spectrain.optimizer import SpecTrainSGD
-from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 
+# What fixes the data order and the model: a checkpoint must match them to be resumed.
+_RUN_FACTS = ("model_name", "dataset", "batch_size", "limit", "seed")
 
 
 def make_sgd(config, cls=keras.optimizers.SGD):
@@ -66,6 +75,25 @@ class _ThroughputMeter(keras.callbacks.Callback):
         return self.images / self.seconds if self.seconds else 0.0
 
 
+class _StopOnNonFinite(keras.callbacks.Callback):
+    """Baselines: a non-finite loss stops training with the step and learning rate."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            steps = self.params.get("steps") or 0
+            lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            raise NonFiniteLossError(
+                f"The training loss is {float(loss)} at step {self._epoch * steps + batch} "
+                f"(mini-batch {batch} of epoch {self._epoch}) of the single model; learning "
+                f"rate {lr:g}. Training stopped; no checkpoint was written after this point. "
+                "Try a lower learning rate."
+            )
+
+
 @dataclasses.dataclass
 class Run:
     """Everything `prepare` set up for `train`."""
@@ -74,10 +102,44 @@ class Run:
     device_names: list
     model: keras.Model
     trainer: object  # the compiled keras.Model (baselines) or PipelineModel
-    train_ds: tf.data.Dataset
     test_ds: tf.data.Dataset
     num_train: int
     started: float
+    steps_per_epoch: int = 0
+    start_epoch: int = 0  # the epoch to start at (from a checkpoint)
+    start_batch: int = 0  # mini-batches of start_epoch already done (from a checkpoint)
+    resumed_from: str = None  # the checkpoint restored, if any
+    checkpoint: PipelineCheckpoint = None
+    stop_requested: bool = False
+
+
+def run_facts(config):
+    """The settings a checkpoint records and a resumed run must share."""
+    return {
+        "model_name": config.model,
+        "dataset": config.dataset,
+        "batch_size": config.batch_size,
+        "limit": config.limit,
+        "seed": config.seed,
+    }
+
+
+def _keep(config):
+    return getattr(config, "keep_checkpoints", 0) or 0
+
+
+def _restore(run):
+    """Restores the newest checkpoint for `--resume` (or says there is none)."""
+    config = run.config
+    path = checkpoint_store.latest_checkpoint(config.checkpoint_dir)
+    if path is None:
+        print(
+            f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch.",
+            flush=True,
+        )
+        return
+    info = restore_checkpoint(run.trainer, path, metadata=run_facts(config))
+    run.start_epoch, run.start_batch, run.resumed_from = info["epoch"], info["batch"], path
 
 
 def prepare(config):
@@ -99,7 +161,6 @@ def prepare(config):
         download=config.download,
         limit=config.limit,
     )
-    train_ds = data.load(config.dataset, "train", seed=config.seed, **common)
     test_ds = data.load(config.dataset, "test", **common)
     num_train = info.num_train if config.limit is None else min(config.limit, info.num_train)
 
@@ -141,7 +202,23 @@ def prepare(config):
             model = models.get_model(config.model, info.image_shape, info.num_classes)
             model.compile(optimizer=make_sgd(config), loss=_loss(), metrics=["accuracy"])
         trainer = model
-    return Run(config, device_names, model, trainer, train_ds, test_ds, num_train, started)
+    run = Run(config, device_names, model, trainer, test_ds, num_train, started)
+    run.steps_per_epoch = data.steps_per_epoch(config.dataset, config.batch_size, config.limit)
+    if _keep(config):
+        run.checkpoint = PipelineCheckpoint(
+            config.checkpoint_dir, keep=_keep(config), metadata=run_facts(config)
+        )
+    if getattr(config, "resume", False):
+        _restore(run)
+    elif run.checkpoint is not None:
+        existing = checkpoint_store.latest_checkpoint(config.checkpoint_dir)
+        if existing is not None:
+            raise ValueError(
+                f"--checkpoint-dir {config.checkpoint_dir} already holds checkpoints (the "
+                f"newest is {existing}). Add --resume to continue that run, or choose another "
+                "--checkpoint-dir (or --logdir); nothing there is overwritten."
+            )
+    return run
 
 
 def describe(run):
@@ -153,9 +230,71 @@ def describe(run):
         return (
             f"{what}: {config.mode} pipeline of {pipe.num_stages} stages on "
             f"{', '.join(pipe.devices)}, cut after {', '.join(pipe.cuts) or 'nothing'}"
+            f"{_resume_note(run)}"
         )
     where = ", ".join(run.device_names) if config.mode == "dp" else run.device_names[0]
-    return f"{what}: {config.mode} on {where}"
+    return f"{what}: {config.mode} on {where}{_resume_note(run)}"
+
+
+def _resume_note(run):
+    if run.resumed_from is None:
+        return ""
+    return (
+        f"; resuming {run.resumed_from} at epoch {run.start_epoch}, mini-batch "
+        f"{run.start_batch} of {run.steps_per_epoch}"
+    )
+
+
+def request_stop(run):
+    """Stops a running `train(run)` cleanly (from a signal handler or another thread):
+    the mini-batches in flight finish, a checkpoint is saved, `train` returns."""
+    run.stop_requested = True
+    if isinstance(run.trainer, PipelineModel):
+        run.trainer.request_stop()
+    else:
+        run.trainer.stop_training = True
+
+
+def _callbacks(run, meter):
+    config = run.config
+    callbacks = [
+        meter,
+        Telemetry(
+            config.logdir,
+            log_every=getattr(config, "log_every", "auto"),
+            prediction_every=getattr(config, "prediction_every", 10),
+            batch_size=config.batch_size,
+        ),
+    ]
+    graph, histograms = getattr(config, "graph", False), getattr(config, "histograms", False)
+    if graph or histograms:
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                config.logdir, write_graph=graph, histogram_freq=1 if histograms else 0
+            )
+        )
+    if not isinstance(run.trainer, PipelineModel):
+        callbacks.append(_StopOnNonFinite())
+    if run.checkpoint is not None:
+        callbacks.append(run.checkpoint)
+    return callbacks
+
+
+def _fit_segments(run):
+    """`(start_epoch, skip_batches, stop_epoch)` of each `fit` call of the run.
+
+    A run resumed in the middle of an epoch first finishes that epoch (a shorter one),
+    then trains the remaining epochs.
+    """
+    start, skip, epochs = run.start_epoch, run.start_batch, run.config.epochs
+    if start >= epochs:
+        return []
+    if skip:
+        segments = [(start, skip, start + 1)]
+        if start + 1 < epochs:
+            segments.append((start + 1, 0, epochs))
+        return segments
+    return [(start, 0, epochs)]
 
 
 def train(run):
@@ -168,27 +307,72 @@ def train(run):
     """
     config = run.config
     meter = _ThroughputMeter(run.num_train)
-    history = run.trainer.fit(
-        run.train_ds,
-        epochs=config.epochs,
-        shuffle=False,  # the training dataset is already shuffled, seeded
-        validation_data=run.test_ds,
-        callbacks=[meter, keras.callbacks.TensorBoard(config.logdir)],
-        verbose=getattr(config, "verbose", "auto"),
-    )
-    test_loss, test_accuracy = run.trainer.evaluate(run.test_ds, verbose=0)
+    callbacks = _callbacks(run, meter)
+    history = {}
+    pipeline = isinstance(run.trainer, PipelineModel)
+    for start, skip, stop in _fit_segments(run):
+        if run.stop_requested:
+            break
+        train_ds = data.load_epochs(
+            config.dataset,
+            config.batch_size,
+            epochs=stop,
+            start_epoch=start,
+            skip_batches=skip,
+            seed=config.seed,
+            data_dir=config.data_dir,
+            download=config.download,
+            limit=config.limit,
+        )
+        if run.checkpoint is not None:
+            run.checkpoint.resume_batch = skip
+        extra = {"on_nan": getattr(config, "on_nan", "stop")} if pipeline else {}
+        segment = run.trainer.fit(
+            train_ds,
+            epochs=stop,
+            initial_epoch=start,
+            steps_per_epoch=run.steps_per_epoch - skip,
+            validation_data=run.test_ds,
+            callbacks=callbacks,
+            verbose=getattr(config, "verbose", "auto"),
+            **extra,
+        )
+        for key, values in segment.history.items():
+            history.setdefault(key, []).extend(values)
     result = {
-        "test_accuracy": float(test_accuracy),
-        "test_loss": float(test_loss),
+        "interrupted": run.stop_requested,
+        "checkpoint": run.checkpoint.last_path if run.checkpoint is not None else None,
         "images_per_second": meter.images_per_second,
-        "wall_time": time.perf_counter() - run.started,
-        "history": history.history,
+        "history": history,
         "devices": run.device_names,
         "model": run.model,
+        "telemetry": callbacks[1],
     }
-    if isinstance(run.trainer, PipelineModel):
+    if pipeline:
         result["cuts"] = run.trainer.cuts
+    if run.stop_requested:
+        result["stopped_at"] = _stopped_at(run)
+        result["wall_time"] = time.perf_counter() - run.started
+        return result
+    test_loss, test_accuracy = run.trainer.evaluate(run.test_ds, verbose=0)
+    result.update(test_accuracy=float(test_accuracy), test_loss=float(test_loss))
+    export = getattr(config, "export", None)
+    if export and export != "none":
+        run.model.save(export)
+        result["export"] = export
+    result["wall_time"] = time.perf_counter() - run.started
     return result
+
+
+def _stopped_at(run):
+    """`(epoch, mini-batches done, mini-batches per epoch)` where a stopped run ended."""
+    if run.checkpoint is not None and run.checkpoint.last_position:
+        epoch, batch = run.checkpoint.last_position
+        return epoch, batch, run.steps_per_epoch
+    if isinstance(run.trainer, PipelineModel) and run.trainer.epoch_progress:
+        epoch, done, _ = run.trainer.epoch_progress
+        return epoch, done, run.steps_per_epoch
+    return run.start_epoch, run.start_batch, run.steps_per_epoch
 
 
 def run(config):

@@ -12,7 +12,13 @@ thread, which runs the Keras callbacks. The epoch ends when every thread has fin
 list: the pipeline is drained and every backward has been applied.
 
 Any exception in any thread aborts the whole pipeline at once (blocked hand-offs wake up and
-stop) and is re-raised in the caller's thread with its original traceback.
+stop) and is re-raised in the caller's thread with its original traceback and a note naming
+the stage, the pass and the mini-batch.
+
+`request_stop()` ends the epoch early but cleanly: stage 0 feeds no further mini-batch, a
+stop marker follows the last one down the pipeline, every stage skips the passes of the
+mini-batches that were never fed, and the ones in flight finish and update (the drain). The
+result is exactly the schedule of a shorter epoch.
 """
 
 import threading
@@ -21,6 +27,8 @@ import tensorflow as tf
 
 from tf_spectrain import schedule
 from tf_spectrain.runtime.handoff import Channel, FailureBox, PipelineAborted
+
+STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
 
 
 def split_batch(x, parts):
@@ -56,9 +64,10 @@ class EpochRun:
         micro_batches: M, the micro-batches per mini-batch.
         keep: for each stage, a function `(i, j) -> bool` saying whether the forward keeps its
             activations for the backward (see `StageRunner.forward`).
+        label: names the epoch in error notes, e.g. "epoch 3".
     """
 
-    def __init__(self, runners, op_lists, batches, micro_batches, keep):
+    def __init__(self, runners, op_lists, batches, micro_batches, keep, label=None):
         self.runners = runners
         self.op_lists = op_lists
         self.batches = batches
@@ -73,6 +82,14 @@ class EpochRun:
         self.results = Channel(abort, "results")
         self._micro = {}  # stage 0: i -> list of (x slice, y slice, share)
         self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
+        self.label = label
+        self._stop = threading.Event()
+        self._losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
+        self.fed = None  # set to the number of mini-batches fed when stopped early
+
+    def request_stop(self):
+        """Feeds no further mini-batch; the epoch ends once those in flight are done."""
+        self._stop.set()
 
     # --- stage threads ------------------------------------------------------------------
 
@@ -99,52 +116,89 @@ class EpochRun:
             del self._micro[i]
         return x, y, share
 
+    def _stop_here(self, k, i):
+        """Passes the stop marker on from stage k: mini-batch i and later are not fed."""
+        if k == 0:
+            self.fed = i
+        if k < len(self.runners) - 1:
+            self.activations[k].put(STOP)
+            if k == 0:
+                self.labels.put(STOP)
+        else:
+            self.results.put(STOP)
+
     def _stage_loop(self, k):
-        runner = self.runners[k]
-        last = k == len(self.runners) - 1
-        losses = {}
+        stop_at = None
         for op in self.op_lists[k]:
             if self.failure.abort.is_set():
                 raise PipelineAborted("aborted")
-            key = (op.batch, op.micro)
-            if op.kind == schedule.FORWARD:
-                if k == 0:
-                    x, y, share = self._next_input(op.batch, op.micro)
-                    if not last:
-                        self.labels.put((y, share))
-                else:
-                    x = self.activations[k - 1].get()
-                if last:
-                    if k > 0:
-                        y, share = self.labels.get()
-                    loss, logits = runner.forward(
-                        key, x, self.keep[k](key), labels=y, scale=share
+            if stop_at is not None and op.batch >= stop_at:
+                continue
+            try:
+                stopped = self._run_op(k, op)
+            except PipelineAborted:
+                raise
+            except BaseException as error:
+                if hasattr(error, "add_note"):
+                    where = f" of {self.label}" if self.label else ""
+                    error.add_note(
+                        f"(tf_spectrain: stage {k} on {self.runners[k].device} failed in "
+                        f"the {op.kind} pass of mini-batch {op.batch}{where})"
                     )
-                    losses.setdefault(op.batch, []).append((loss, logits, y))
-                else:
-                    self.activations[k].put(runner.forward(key, x, self.keep[k](key)))
-            elif op.kind == schedule.BACKWARD:
-                grads_out = None if last else self.gradients[k].get()
-                grads_in = runner.backward(key, grads_out)
-                if k > 0:
-                    self.gradients[k - 1].put(grads_in)
+                raise
+            if stopped is not None:
+                stop_at = stopped
+
+    def _run_op(self, k, op):
+        """Runs one op of stage k; returns the first mini-batch not fed, once stopping."""
+        runner = self.runners[k]
+        last = k == len(self.runners) - 1
+        losses = self._losses
+        key = (op.batch, op.micro)
+        if op.kind == schedule.FORWARD:
+            if k == 0:
+                if op.micro == 0 and op.batch > 0 and self._stop.is_set():
+                    self._stop_here(k, op.batch)
+                    return op.batch
+                x, y, share = self._next_input(op.batch, op.micro)
+                if not last:
+                    self.labels.put((y, share))
             else:
-                runner.update()
-                if last:
-                    self.results.put((op.batch, losses.pop(op.batch)))
+                x = self.activations[k - 1].get()
+                if isinstance(x, str) and x == STOP:
+                    self._stop_here(k, op.batch)
+                    return op.batch
+            if last:
+                if k > 0:
+                    y, share = self.labels.get()
+                loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
+                losses.setdefault(op.batch, []).append((loss, logits, y))
+            else:
+                self.activations[k].put(runner.forward(key, x, self.keep[k](key)))
+        elif op.kind == schedule.BACKWARD:
+            grads_out = None if last else self.gradients[k].get()
+            grads_in = runner.backward(key, grads_out)
+            if k > 0:
+                self.gradients[k - 1].put(grads_in)
+        else:
+            runner.update()
+            if last:
+                self.results.put((op.batch, losses.pop(op.batch)))
+        return None
 
     def _thread_main(self, k):
         try:
             self._stage_loop(k)
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller
-            self.failure.record(error, f"stage {k}")
+            self.failure.record(error, None)  # _stage_loop's note says where
 
     # --- caller -------------------------------------------------------------------------
 
     def run(self, on_batch):
         """Runs the epoch; calls `on_batch(i, parts)` in this thread as results arrive.
 
-        `parts` is a list of `(scaled_loss, logits, labels)` per micro-batch.
+        `parts` is a list of `(scaled_loss, logits, labels)` per micro-batch. `on_batch` may
+        call `request_stop()`.
         Returns when the pipeline has drained; re-raises the first failure of any stage.
         """
         threads = [
@@ -155,8 +209,10 @@ class EpochRun:
             t.start()
         try:
             for _ in range(self.num_batches):
-                i, parts = self.results.get()
-                on_batch(i, parts)
+                result = self.results.get()
+                if isinstance(result, str) and result == STOP:
+                    break
+                on_batch(*result)
         except BaseException as error:  # noqa: BLE001
             self.failure.record(error, "the training loop (callbacks)")
         finally:

@@ -18,6 +18,7 @@ The last stage computes the loss in its forward (its `d` is the loss itself). `k
 on the stage's device.
 """
 
+import collections
 import dataclasses
 import time
 
@@ -37,6 +38,12 @@ def _with_penalty(grads_out):
     if grads_out is None:
         return None  # last stage: every output is a scalar part of the loss
     return list(grads_out) + [tf.ones((), tf.float32)]
+
+
+def _all_finite(tensors):
+    """One boolean: every element of every tensor is finite."""
+    flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t.dtype.is_floating]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
 def _graph_function(method):
@@ -79,6 +86,12 @@ class StageRunner:
     Layer losses of the stage (weight regularizers, `add_loss`) are added to the
     stage's objective, as `model.fit` adds them to the loss; `penalties[i]` keeps their
     values per mini-batch so the reported loss can include them.
+
+    Every pass also computes, on the device and without waiting for it, whether all the
+    values it produced are finite; `first_non_finite()` reads these flags back only when
+    a non-finite loss has been seen. With `skip_non_finite = True`, `update` checks the
+    gradient first and skips (and counts in `skipped`) an update that is not finite.
+    `probe` (a `runtime.probe.WeightProbe`, or None) measures prediction errors.
     """
 
     def __init__(self, k, model, device, optimizer, plan, loss=None):
@@ -100,10 +113,15 @@ class StageRunner:
         self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
         self.updates = 0
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
+        self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
+        self.skip_non_finite = False
+        self.skipped = 0
+        self.probe = None
         self._forward_fn = _graph_function(self._forward)
         self._vjp_fn = _graph_function(self._recompute_vjp)
         self._apply_fn = _graph_function(self._apply)
         self._infer_fn = _graph_function(self._infer)
+        self._finite_fn = _graph_function(_all_finite)
 
     # --- graph functions ----------------------------------------------------------------
 
@@ -139,7 +157,7 @@ class StageRunner:
             )
             for v, value in zip(self.non_trainable, new_state):
                 v.assign(value)
-            return outputs, penalty, logits
+            return outputs, penalty, logits, _all_finite(outputs + [penalty])
 
     def _input_targets(self, inputs):
         """The inputs whose gradient the previous stage needs (none on stage 0)."""
@@ -196,18 +214,22 @@ class StageRunner:
                 with tape:
                     tape.watch(self._input_targets(inputs))
                     tape.watch(self._tf_trainable)
-                    outputs, penalty, logits = self._forward_fn(
+                    outputs, penalty, logits, finite = self._forward_fn(
                         inputs, labels_t, scale_t, self.plan.forward_steps
                     )
                 record.tape, record.outputs = tape, outputs + [penalty]
             else:
                 record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
-                outputs, penalty, logits = self._forward_fn(
+                outputs, penalty, logits, finite = self._forward_fn(
                     inputs, labels_t, scale_t, self.plan.forward_steps
                 )
         self._inflight[key] = record
         self.penalties.setdefault(key[0], []).append(penalty)
-        self.timeline.append(("forward", key, start, time.perf_counter()))
+        end = time.perf_counter()
+        self.timeline.append(("forward", key, start, end))
+        self.events.append((end, "forward", key, finite))
+        if self.probe is not None:
+            self.probe.after_forward(key, self.plan.forward_steps)
         if self.is_last:
             return outputs[0], logits
         return outputs
@@ -246,7 +268,12 @@ class StageRunner:
                     self.plan.backward_steps,
                 )
             self._accumulate(grads_w)
-        self.timeline.append(("backward", key, start, time.perf_counter()))
+            finite = self._finite_fn(list(grads_w) + list(grads_x))
+        end = time.perf_counter()
+        self.timeline.append(("backward", key, start, end))
+        self.events.append((end, "backward", key, finite))
+        if self.probe is not None:
+            self.probe.after_backward(key, self.plan.backward_steps)
         return list(grads_x)
 
     def _accumulate(self, grads):
@@ -260,10 +287,15 @@ class StageRunner:
         start = time.perf_counter()
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: update without a backward before it")
-        self._apply_fn(self._pending)
-        self._pending = None
+        pending, self._pending = self._pending, None
+        if self.skip_non_finite and not bool(self._finite_fn(pending)):
+            self.skipped += 1
+            return
+        self._apply_fn(pending)
         self.updates += 1
         self.timeline.append(("update", None, start, time.perf_counter()))
+        if self.probe is not None:
+            self.probe.after_update()
 
     def infer(self, inputs):
         """Inference forward (training=False).
@@ -274,11 +306,30 @@ class StageRunner:
         """
         return self._infer_fn(as_list(inputs))
 
+    def current_weights(self, steps=0):
+        """The trainable weights `W + steps * m` as tensors (the current ones for 0)."""
+        with tf.device(self.device):
+            return self._weights(steps)
+
+    def first_non_finite(self):
+        """The earliest recent pass that produced a non-finite value, or None.
+
+        Returns:
+            `(end_time, kind, key)` of the first pass (in time) among the last 64 of this
+            stage whose outputs or gradients were not all finite.
+        """
+        for end, kind, key, finite in list(self.events):
+            if not bool(finite):
+                return end, kind, key
+        return None
+
     def reset(self):
         """Forgets in-flight state (after an aborted epoch)."""
         self._inflight.clear()
         self._pending = None
         self.penalties.clear()
+        if self.probe is not None:
+            self.probe.reset()
 
     @property
     def in_flight(self):

@@ -1,0 +1,10 @@
+"""Keras callbacks for pipelines (and plain Keras models): telemetry and checkpoints.
+
+Callbacks that define `set_pipeline(pipeline)` are handed the `PipelineModel` by its `fit`;
+with a plain `keras.Model` they work on the model alone.
+"""
+
+from tf_spectrain.callbacks.checkpoint import PipelineCheckpoint, restore_checkpoint
+from tf_spectrain.callbacks.telemetry import Telemetry
+
+__all__ = ["PipelineCheckpoint", "Telemetry", "restore_checkpoint"]

@@ -1,0 +1,130 @@
+"""Measures how far the weights a pass used are from the weights it aimed at.
+
+SpecTrain predicts, for a pass of mini-batch i on stage k, the weights the stage will hold
+`h` updates later (`W_hat = W + s * m`). Whether the prediction is good can only be seen
+later: when the stage has really applied those `h` updates, the probe compares
+
+    error    = |W_used  - W_target|     (the weights the pass computed with)
+    baseline = |W_stale - W_target|     (the stage's weights at the time of the pass,
+                                         which naive pipelining would have used)
+
+with `|.|` the L2 norm over all the stage's trainable weights, and reports
+`ratio = error / baseline` (below 1: the prediction beats using stale weights; 0: perfect).
+For vanilla and stash, which do not predict, `W_used == W_stale` and the distance is the
+staleness itself. The horizon `h` of each pass comes from `modes.probe_horizons`.
+
+The probe runs in the stage's own thread, on sampled mini-batches only: it copies the used
+and the current weights on the stage's device when the pass runs and computes the two
+norms right after the update that reaches the target version.
+"""
+
+import threading
+
+import tensorflow as tf
+
+
+def _distance(a, b):
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]))
+
+
+class WeightProbe:
+    """Samples passes of one stage and measures their weight error.
+
+    Args:
+        runner: the stage's `StageRunner` (weights, device, plan, update count).
+        horizons: `(h_forward, h_backward)` from `modes.probe_horizons`.
+        every: measure mini-batches `i` with `i % every == 0` (in each epoch).
+        max_pending: at most this many measurements wait for their target at once;
+            further samples are skipped until older ones complete (bounds memory).
+    """
+
+    def __init__(self, runner, horizons, every, max_pending=4):
+        self.runner = runner
+        self.horizons = horizons
+        self.every = every
+        self.max_pending = max_pending
+        self._pending = []  # dicts waiting for their target version
+        self._stash = {}  # key -> forward weights (for a backward that reuses them)
+        self._lock = threading.Lock()
+        self._results = []
+
+    def _sampled(self, key):
+        return key[1] == 0 and key[0] % self.every == 0
+
+    def _snapshot(self, steps):
+        with tf.device(self.runner.device):
+            return [tf.identity(w) for w in self.runner.current_weights(steps)]
+
+    def _watch(self, kind, key, used, horizon):
+        if len(self._pending) >= self.max_pending:
+            return
+        version = self.runner.updates
+        self._pending.append(
+            {
+                "pass": kind,
+                "batch": key[0],
+                "used": used,
+                "stale": self._snapshot(0),
+                "version": version,
+                "target": version + horizon,
+            }
+        )
+
+    def after_forward(self, key, steps):
+        """Called by the stage after the forward of `key`, which used `W + steps * m`."""
+        if not self._sampled(key):
+            return
+        h_f, h_b = self.horizons
+        needs_stash = self.runner.plan.reuses_forward and h_b > 0
+        if h_f <= 0 and not needs_stash:
+            return
+        used = self._snapshot(steps)
+        if needs_stash:
+            self._stash[key] = used
+        if h_f > 0:
+            self._watch("forward", key, used, h_f)
+
+    def after_backward(self, key, steps):
+        """Called after the backward of `key`; `steps` is its gap, None when it reused."""
+        if not self._sampled(key):
+            return
+        h_b = self.horizons[1]
+        used = self._stash.pop(key, None) if steps is None else self._snapshot(steps)
+        if h_b > 0 and used is not None:
+            self._watch("backward", key, used, h_b)
+
+    def after_update(self):
+        """Called after each update: completes the measurements whose target is reached."""
+        version = self.runner.updates
+        done = [p for p in self._pending if p["target"] == version]
+        if not done:
+            return
+        self._pending = [p for p in self._pending if p["target"] != version]
+        with tf.device(self.runner.device):
+            target = [tf.identity(w) for w in self.runner.current_weights(0)]
+            for p in done:
+                error = float(_distance(p["used"], target))
+                baseline = float(_distance(p["stale"], target))
+                result = {
+                    "stage": self.runner.k,
+                    "pass": p["pass"],
+                    "batch": p["batch"],
+                    "used_version": p["version"],
+                    "target_version": p["target"],
+                    "error": error,
+                    "baseline": baseline,
+                    "ratio": error / baseline if baseline > 0 else float("nan"),
+                }
+                with self._lock:
+                    self._results.append(result)
+
+    def take_results(self):
+        """Returns and forgets the completed measurements (thread-safe)."""
+        with self._lock:
+            results, self._results = self._results, []
+        return results
+
+    def reset(self):
+        """Drops measurements still waiting (e.g. after an aborted epoch)."""
+        self._pending.clear()
+        self._stash.clear()
