@@ -19,6 +19,8 @@ PIPELINE_MODES = modes.MODES
 MODES = PIPELINE_MODES + ("single", "dp")
 TARGETS = modes.TARGETS
 ON_NAN = ("stop", "skip")
+MAX_DEVICES = 64
+MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
     "weight stashing), vanilla (naive, stale), sync (sequential SGD / GPipe); baselines: "
@@ -30,6 +32,7 @@ def build_parser():
     """Returns the `argparse.ArgumentParser` of `train.py`."""
     p = argparse.ArgumentParser(
         prog="train.py",
+        allow_abbrev=False,  # "--epoch 3" must not silently mean --epochs
         description=(
             "Train a Keras model on several devices. Without GPUs the CPU is split into "
             "logical devices, so every mode runs anywhere."
@@ -153,9 +156,14 @@ def _comma_list(text):
     return names
 
 
+def _shown(value):
+    """A flag's value as typed, quoted when it would be invisible (empty or spaces)."""
+    return repr(value) if not str(value).strip() or str(value) != str(value).strip() else value
+
+
 def _choice_error(flag, value, choices):
     hint = did_you_mean(value, choices)
-    return f"{flag} must be one of {list(choices)}. Received: {flag} {value}{hint}"
+    return f"{flag} must be one of {list(choices)}. Received: {flag} {_shown(value)}{hint}"
 
 
 def check_args(args):
@@ -179,6 +187,11 @@ def check_args(args):
     ]:
         if value < 1:
             errors.append(f"{flag} must be an integer >= 1. Received: {flag} {value}")
+    if args.gpus > MAX_DEVICES:
+        errors.append(
+            f"--gpus must be at most {MAX_DEVICES} (one device per pipeline stage). "
+            f"Received: --gpus {args.gpus}"
+        )
     if args.spectrain_target not in TARGETS:
         errors.append(_choice_error("--spectrain-target", args.spectrain_target, TARGETS))
     errors += _check_pipeline_flags(args)
@@ -194,9 +207,14 @@ def check_args(args):
         errors.append(
             f"--weight-decay must be a finite number >= 0. Received: --weight-decay {args.weight_decay}"
         )
-    if args.seed < 0:
-        errors.append(f"--seed must be >= 0. Received: --seed {args.seed}")
-    if args.data_dir is not None and not args.download and not os.path.isdir(args.data_dir):
+    if not 0 <= args.seed < MAX_SEED:
+        errors.append(f"--seed must be >= 0 and < 2**32. Received: --seed {args.seed}")
+    if args.data_dir is not None and os.path.isfile(args.data_dir):
+        errors.append(
+            f"--data-dir must be a directory, but {args.data_dir} is a file. Pass the folder "
+            "that holds (or, with --download, will hold) the tensorflow-datasets data."
+        )
+    elif args.data_dir is not None and not args.download and not os.path.isdir(args.data_dir):
         errors.append(
             f"--data-dir {args.data_dir} does not exist. Pass the folder that holds the "
             "prepared tensorflow-datasets data, or add --download to create it."
@@ -232,12 +250,33 @@ def _check_pipeline_flags(args):
             f"--cuts splits a pipeline and needs one of the modes {list(PIPELINE_MODES)}. "
             f"Received: --cuts with --mode {args.mode}"
         )
+    elif args.cuts is not None:
+        if len(args.cuts) + 1 != args.gpus:
+            errors.append(
+                f"--cuts names {len(args.cuts)} layers, which makes {len(args.cuts) + 1} "
+                f"stages, but --gpus is {args.gpus}: give {args.gpus - 1} cut layers (one "
+                f"stage per device). Received: --cuts {','.join(args.cuts)}"
+            )
+        repeated = sorted({c for c in args.cuts if args.cuts.count(c) > 1})
+        if repeated:
+            errors.append(
+                f"--cuts must name each layer once. Received: --cuts {','.join(args.cuts)} "
+                f"({', '.join(repeated)} repeated)"
+            )
     return errors
 
 
 def _check_run_flags(args):
     """Telemetry, checkpoint, fault-handling and output flags."""
     errors = []
+    for flag, value in [
+        ("--logdir", args.logdir),
+        ("--checkpoint-dir", args.checkpoint_dir),
+        ("--export", args.export),
+        ("--data-dir", args.data_dir),
+    ]:
+        if value is not None and not value.strip():
+            errors.append(f"{flag} must be a path. Received: {flag} {value!r}")
     if args.log_every != "auto" and args.log_every < 1:
         errors.append(
             f"--log-every must be 'auto' or an integer >= 1. Received: --log-every {args.log_every}"
@@ -296,11 +335,28 @@ def default_logdir(model, mode):
     return os.path.join("runs", f"{model}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+def repeated_flags(parser, argv):
+    """The options given more than once in `argv` (argparse would keep the last one)."""
+    seen, repeated = set(), []
+    options = {o for action in parser._actions for o in action.option_strings}  # noqa: SLF001
+    for item in argv:
+        flag = item.split("=", 1)[0]
+        if flag in options and flag not in ("-h", "--help"):
+            if flag in seen and flag not in repeated:
+                repeated.append(flag)
+            seen.add(flag)
+    return repeated
+
+
 def parse_args(argv=None):
     """Parses and checks `argv`; on bad input prints the errors and exits with code 2."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    errors = check_args(args)
+    errors = [
+        f"{flag} was given more than once; give each flag once" for flag in repeated_flags(parser, argv)
+    ]
+    errors += check_args(args)
     if errors:
         parser.error("\n  ".join(errors))
     if args.logdir is None:

@@ -49,11 +49,14 @@ def resolve_metrics(metrics, loss):
             resolved.append(_accuracy_for(loss))
             continue
         try:
-            metric = keras.metrics.get(m)
+            metric = None if m is None else keras.metrics.get(m)
         except (ValueError, TypeError):
+            metric = None
+        if metric is None or not callable(metric):
             raise ValueError(
-                f"`metrics` must hold Keras metrics or their names. Received: metric {m!r}"
-            ) from None
+                "`metrics` must hold Keras metrics or their names, such as 'accuracy' or "
+                f"keras.metrics.AUC(). Received: metric {m!r} in metrics={list(metrics)!r}"
+            )
         if not isinstance(metric, keras.metrics.Metric):
             metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(m, "__name__", str(m)))
         resolved.append(metric)
@@ -71,7 +74,9 @@ def resolve_optimizer(optimizer):
         return keras.optimizers.get(optimizer)
     except (ValueError, TypeError):
         raise ValueError(
-            f"`optimizer` must be a Keras optimizer. Received: optimizer={optimizer!r}"
+            "`optimizer` must be a Keras optimizer instance or name, such as "
+            "tf_spectrain.SpecTrainSGD(0.01, momentum=0.9) or 'sgd'. "
+            f"Received: optimizer={optimizer!r}"
         ) from None
 
 

@@ -333,6 +333,7 @@ def train(run):
             initial_epoch=start,
             steps_per_epoch=run.steps_per_epoch - skip,
             validation_data=run.test_ds,
+            shuffle=False,  # load_epochs already shuffles each epoch, seeded
             callbacks=callbacks,
             verbose=getattr(config, "verbose", "auto"),
             **extra,

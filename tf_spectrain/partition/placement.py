@@ -130,10 +130,12 @@ def _check_models(models, arg_name):
 
 
 def _check_device(device, devices):
-    """Checks that `device` parses and, if it is on this host, exists.
+    """Checks that `device` parses, names one device (type and index) and exists.
 
     TensorFlow silently puts variables on another device when the requested local one
-    does not exist, so a typo would go unnoticed without this check.
+    does not exist, so a typo would go unnoticed without this check; a device of a job
+    that is not connected fails deep inside TensorFlow instead. Devices of other jobs
+    exist once `tf.config.experimental_connect_to_cluster` has connected them.
     """
     if not isinstance(device, str):
         raise TypeError(
@@ -147,13 +149,36 @@ def _check_device(device, devices):
             f"`devices` must contain valid device names such as '/CPU:0' or '/GPU:1'. "
             f"Received: {device!r} in devices={list(devices)}"
         ) from e
-    is_local = spec.job in (None, "localhost")
-    if is_local and spec.device_type is not None and spec.device_index is not None:
-        short = f"/{spec.device_type.upper()}:{spec.device_index}"
-        available = existing_devices()
-        if short not in available:
-            raise ValueError(
-                f"`devices` must name devices that exist. Received: {device!r} in "
-                f"devices={list(devices)}; available: {available}. To split one device "
-                "into several, call tf_spectrain.setup_devices(n) before any TensorFlow op."
-            )
+    if spec.device_type is None or spec.device_index is None:
+        raise ValueError(
+            "`devices` must name one device each, with its type and index, such as '/CPU:0' "
+            f"or '/GPU:1'. Received: {device!r} in devices={list(devices)}"
+        )
+    known = _known_devices()
+    if _device_key(spec) not in known:
+        available = existing_devices() + [name for key, name in known.items() if key[0] != _LOCAL]
+        raise ValueError(
+            f"`devices` must name devices that exist. Received: {device!r} in "
+            f"devices={list(devices)}; available: {available}. To split one device "
+            "into several, call tf_spectrain.setup_devices(n) before any TensorFlow op."
+        )
+
+
+_LOCAL = "localhost"
+
+
+def _device_key(spec):
+    """(job, replica, task, type, index) of a `tf.DeviceSpec`, with the defaults filled in."""
+    return (
+        spec.job or _LOCAL,
+        spec.replica or 0,
+        spec.task or 0,
+        (spec.device_type or "").upper(),
+        spec.device_index,
+    )
+
+
+def _known_devices():
+    """`{_device_key: name}` of every logical device, local or of a connected cluster."""
+    names = [d.name for d in tf.config.list_logical_devices()]
+    return {_device_key(tf.DeviceSpec.from_string(name)): name for name in names}

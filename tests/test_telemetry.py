@@ -1,0 +1,301 @@
+"""`tf_spectrain.callbacks.Telemetry`: TensorBoard scalars read back from the event files.
+
+The values are checked against independent sources: Keras' History for the epoch metrics,
+the optimizer for the learning rate, `schedule` for the version gaps and the schedule's
+bubble, and, for the prediction error, a recording of every stage's weights and momentum
+after each update, from which the test recomputes `|W_used - W_target|` and
+`|W_stale - W_target|` with NumPy.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tf_spectrain import modes, schedule
+from tf_spectrain.callbacks import Telemetry
+from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
+
+LR = 0.05
+
+
+def mlp(seed=0, width=12):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,), name="features")
+    h = inputs
+    for n, units in enumerate([width, width, width, 3]):
+        h = keras.layers.Dense(units, activation=None if n == 3 else "tanh", name=f"dense{n}")(h)
+    return keras.Model(inputs, h, name="mlp")
+
+
+def data(n=96, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    y = (np.argmax(x[:, :3], axis=1)).astype("int32")
+    return x, y
+
+
+def pipeline(mode="spectrain", target="paper", cuts=("dense0", "dense1", "dense2")):
+    pipe = PipelineModel(mlp(), cuts=list(cuts), mode=mode, spectrain_target=target)
+    pipe.compile(
+        SpecTrainSGD(LR, momentum=0.9),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ["accuracy"],
+    )
+    return pipe
+
+
+def read_scalars(logdir):
+    """{tag: [(step, value)]} from the event files, as TensorBoard reads them."""
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+        for tag in acc.Tags()["tensors"]
+    }
+
+
+class WeightRecorder:
+    """Wraps each stage's `update` to record (weights, momenta) after every update."""
+
+    def __init__(self, pipe):
+        self.history = []  # per stage: list indexed by version of (weights, momenta)
+        for runner in pipe.runners:
+            self.history.append([self._state(runner)])
+            runner.update = self._wrap(runner, runner.update, len(self.history) - 1)
+
+    @staticmethod
+    def _state(runner):
+        weights = [np.array(v.numpy()) for v in runner.trainable]
+        momenta = [np.array(runner.optimizer.momentum_of(v).numpy()) for v in runner.trainable]
+        return weights, momenta
+
+    def _wrap(self, runner, update, k):
+        def wrapped():
+            update()
+            self.history[k].append(self._state(runner))
+
+        return wrapped
+
+
+def norm(a, b):
+    return math.sqrt(sum(float(np.sum((x - y) ** 2)) for x, y in zip(a, b)))
+
+
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("telemetry")
+    pipe = pipeline()
+    recorder = WeightRecorder(pipe)
+    x, y = data()
+    telemetry = Telemetry(logdir, log_every=1, prediction_every=2)
+    history = pipe.fit(
+        x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+        validation_data=(x[:32], y[:32]), callbacks=[telemetry],
+    )
+    return dict(
+        pipe=pipe, telemetry=telemetry, history=history.history,
+        scalars=read_scalars(logdir), recorder=recorder,
+    )
+
+
+def test_tags_cover_steps_epochs_stages_and_predictions(paper_run):
+    tags = set(paper_run["scalars"])
+    expected = {
+        "batch/loss", "batch/accuracy", "batch/learning_rate", "batch/images_per_second",
+        "epoch/loss", "epoch/accuracy", "epoch/val_loss", "epoch/val_accuracy",
+        "epoch/wall_time", "pipeline/bubble_fraction", "pipeline/bubble_fraction_schedule",
+        "pipeline/skipped_batches",
+    }
+    for k in range(4):
+        expected |= {f"pipeline/stage_{k}/{name}" for name in ("busy_seconds", "utilisation", "s_f", "s_b")}
+        expected |= {f"prediction/stage_{k}/forward_{n}" for n in ("ratio", "error", "baseline")}
+    assert expected <= tags, sorted(expected - tags)
+
+
+def test_epoch_scalars_equal_the_keras_history(paper_run):
+    scalars, history = paper_run["scalars"], paper_run["history"]
+    for name in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        logged = [v for _, v in sorted(scalars[f"epoch/{name}"])]
+        np.testing.assert_allclose(logged, history[name], rtol=1e-6)
+    walls = [v for _, v in scalars["epoch/wall_time"]]
+    assert len(walls) == 2 and all(w > 0 for w in walls)
+
+
+def test_step_scalars_every_step_with_the_learning_rate(paper_run):
+    scalars = paper_run["scalars"]
+    steps = [s for s, _ in scalars["batch/loss"]]
+    assert steps == list(range(24))  # 12 mini-batches per epoch, log_every=1
+    np.testing.assert_allclose([v for _, v in scalars["batch/learning_rate"]], LR, rtol=1e-6)
+    rates = [v for _, v in scalars["batch/images_per_second"]]
+    assert all(r > 0 and math.isfinite(r) for r in rates)
+    # The last step of each epoch logs the epoch's running loss, which History reports.
+    last = dict(scalars["batch/loss"])
+    np.testing.assert_allclose([last[11], last[23]], paper_run["history"]["loss"], rtol=1e-6)
+
+
+def test_stage_scalars_match_the_schedule(paper_run):
+    scalars, pipe = paper_run["scalars"], paper_run["pipe"]
+    for k in range(4):
+        s_f, s_b = schedule.version_gaps(k, 4, "paper")
+        assert [v for _, v in scalars[f"pipeline/stage_{k}/s_f"]] == [s_f, s_f]
+        assert [v for _, v in scalars[f"pipeline/stage_{k}/s_b"]] == [s_b, s_b]
+        utilisation = [v for _, v in scalars[f"pipeline/stage_{k}/utilisation"]]
+        assert all(0 < u <= 1.0 + 1e-6 for u in utilisation)
+        busy = [v for _, v in scalars[f"pipeline/stage_{k}/busy_seconds"]]
+        walls = [v for _, v in scalars["epoch/wall_time"]]
+        assert all(0 < b <= w for b, w in zip(busy, walls))
+    table = schedule.clock_table([schedule.async_ops(k, 4, 12) for k in range(4)])
+    logged = [v for _, v in scalars["pipeline/bubble_fraction_schedule"]]
+    np.testing.assert_allclose(logged, schedule.bubble_fraction(table), rtol=1e-6)
+    bubble = [v for _, v in scalars["pipeline/bubble_fraction"]]
+    assert all(0 <= b < 1 for b in bubble)
+    assert pipe.runners[0].probe is None  # probes are removed at the end of fit
+
+
+def test_prediction_error_equals_a_recomputation_from_recorded_weights(paper_run):
+    """Each measurement, recomputed from every stage's recorded weight history."""
+    results = paper_run["telemetry"].predictions
+    history = paper_run["recorder"].history
+    assert len(results) > 20
+    kinds = {(r["stage"], r["pass"]) for r in results}
+    # paper gaps for N=4: s_f = 3, 2, 2, 1; s_b = 0, 0, 1, 1
+    assert kinds == {(0, "forward"), (1, "forward"), (2, "forward"), (3, "forward"),
+                     (2, "backward"), (3, "backward")}
+    for r in results:
+        k, v, t = r["stage"], r["used_version"], r["target_version"]
+        s_f, s_b = schedule.version_gaps(k, 4, "paper")
+        steps = s_f if r["pass"] == "forward" else s_b
+        assert t == v + steps
+        weights, momenta = history[k][v]
+        predicted = [w + steps * m for w, m in zip(weights, momenta)]
+        target = history[k][t][0]
+        np.testing.assert_allclose(r["error"], norm(predicted, target), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(r["baseline"], norm(weights, target), rtol=1e-4, atol=1e-7)
+    # The paper's claim, on this smooth problem: predicting beats using stale weights.
+    late = [r["ratio"] for r in results if r["used_version"] >= 4 and r["baseline"] > 0]
+    assert np.mean(late) < 0.8, np.mean(late)
+
+
+def test_forward_version_in_the_measurement_follows_the_schedule(paper_run):
+    """F(i) on stage k sees max(0, i - (N-1-k)) updates of this epoch (SPECTRAIN.md 3)."""
+    for r in paper_run["telemetry"].predictions:
+        if r["pass"] != "forward":
+            continue
+        i, k, epoch = r["batch"], r["stage"], r["epoch"]
+        assert r["used_version"] == epoch * 12 + schedule.forward_version(i, k, 4)
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "stash"])
+def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
+    pipe = pipeline(mode)
+    recorder = WeightRecorder(pipe)
+    x, y = data()
+    telemetry = Telemetry(tmp_path, prediction_every=3)
+    pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[telemetry])
+    results = telemetry.predictions
+    assert results
+    for r in results:
+        if r["pass"] == "forward" or mode == "vanilla":
+            # no prediction: the used weights are the current (stale) ones
+            assert r["error"] == pytest.approx(r["baseline"], rel=1e-6)
+        k, v, t = r["stage"], r["used_version"], r["target_version"]
+        h_f, h_b = modes.probe_horizons(mode, k, 4)
+        if r["pass"] == "forward":
+            assert t == v + h_f
+            used = recorder.history[k][v][0]
+        else:
+            assert t == v + h_b
+            # stash's backward computes with its forward's weights, vanilla's with the current
+            forward_v = schedule.forward_version(r["batch"], k, 4)
+            used = recorder.history[k][forward_v if mode == "stash" else v][0]
+        np.testing.assert_allclose(r["error"], norm(used, recorder.history[k][t][0]), rtol=1e-4)
+    assert any(r["error"] > 0 for r in results)
+
+
+def test_consistent_target_measures_forwards_against_n_minus_1_minus_k(tmp_path):
+    pipe = pipeline("spectrain", "consistent")
+    telemetry = Telemetry(tmp_path, prediction_every=2)
+    x, y = data()
+    pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[telemetry])
+    assert {r["pass"] for r in telemetry.predictions} == {"forward"}
+    for r in telemetry.predictions:
+        assert r["target_version"] - r["used_version"] == 3 - r["stage"]
+    assert 3 not in {r["stage"] for r in telemetry.predictions}  # last stage: gap 0
+
+
+def test_sync_mode_has_nothing_to_predict(tmp_path):
+    pipe = pipeline("sync")
+    telemetry = Telemetry(tmp_path, log_every=4)
+    x, y = data()
+    pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[telemetry])
+    scalars = read_scalars(tmp_path)
+    assert telemetry.predictions == []
+    assert not [t for t in scalars if t.startswith("prediction/")]
+    # log_every=4: steps 0 (always the first), 3, 7, 11
+    assert [s for s, _ in scalars["batch/loss"]] == [0, 3, 7, 11]
+    assert [v for _, v in scalars["pipeline/stage_0/s_f"]] == [0]
+
+
+def test_plain_keras_model_gets_step_and_epoch_scalars(tmp_path):
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(LR), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data()
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                        callbacks=[Telemetry(tmp_path, log_every=1, batch_size=8)])
+    scalars = read_scalars(tmp_path)
+    assert not [t for t in scalars if t.startswith(("pipeline/", "prediction/"))]
+    np.testing.assert_allclose([v for _, v in scalars["epoch/loss"]], history.history["loss"],
+                               rtol=1e-6)
+    assert len(scalars["batch/loss"]) == 24
+    assert "batch/images_per_second" in scalars
+
+
+def test_auto_interval_keeps_step_logging_under_two_percent(tmp_path):
+    """A model whose step is not trivially short: per-step logging costs < 2% of training."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1")(inputs)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    out = keras.layers.Dense(10, name="logits")(h)
+    pipe = PipelineModel(keras.Model(inputs, out), cuts=["conv1"], mode="spectrain")
+    pipe.compile(SpecTrainSGD(0.01, momentum=0.9),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(640, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 10, 640).astype("int32")
+    telemetry = Telemetry(tmp_path, prediction_every=0)
+    import time
+
+    start = time.perf_counter()
+    pipe.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[telemetry])
+    elapsed = time.perf_counter() - start
+    fraction = telemetry.batch_log_seconds / elapsed
+    print(f"per-step logging: {fraction:.3%} of training; interval {telemetry.log_interval}")
+    assert fraction < 0.02
+    assert len(read_scalars(tmp_path)["batch/loss"]) >= 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"log_every": 0}, "`log_every` must be an integer >= 1 or 'auto'"),
+        ({"log_every": "often"}, "log_every"),
+        ({"prediction_every": -1}, "`prediction_every` must be an integer >= 1"),
+        ({"batch_size": 0}, "`batch_size`"),
+    ],
+)
+def test_bad_arguments(kwargs, error, tmp_path):
+    with pytest.raises(ValueError, match=error):
+        Telemetry(tmp_path, **kwargs)
+
+
+def test_bad_logdir_type():
+    with pytest.raises(TypeError, match="`logdir` must be a path"):
+        Telemetry(3)
