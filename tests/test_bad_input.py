@@ -5,7 +5,7 @@ deep inside Keras or TensorFlow), with a message that names the argument (and, f
 that does not fit the model, both shapes), and BEFORE any training step: the wrapped
 model's weights and every stage optimizer's step count are compared before and after.
 
-Every `fit` row runs twice: through `fit`, and on `_check_fit_args` directly.
+Every `fit` row runs twice: through `fit`, and on `check_fit_args` directly.
 """
 
 import os
@@ -18,7 +18,8 @@ import tensorflow as tf
 
 import tf_spectrain
 from tf_spectrain.optimizer import SpecTrainSGD
-from tf_spectrain.pipeline_model import PipelineModel, _check_fit_args
+from tf_spectrain.input_checks import check_fit_args
+from tf_spectrain.pipeline_model import PipelineModel
 
 PACKAGE_DIR = os.path.dirname(os.path.realpath(tf_spectrain.__file__))
 N, FEATURES, CLASSES, BATCH = 16, 5, 3, 4
@@ -219,8 +220,8 @@ def test_fit_rejects_before_any_training_step(pipe, kwargs, error, pattern):
     "kwargs, error, pattern",
     [pytest.param(k, e, p, id=name) for name, k, e, p in FIT_CASES],
 )
-def test_check_fit_args_rejects(pipe, kwargs, error, pattern):
-    call = lambda: _check_fit_args(pipe.model, pipe.loss, **_fit_kwargs(kwargs))  # noqa: E731
+def testcheck_fit_args_rejects(pipe, kwargs, error, pattern):
+    call = lambda: check_fit_args(pipe.model, pipe.loss, **_fit_kwargs(kwargs))  # noqa: E731
     assert_rejected(pipe, call, error, pattern)
 
 
@@ -234,9 +235,9 @@ def test_check_fit_args_rejects(pipe, kwargs, error, pattern):
         dict(x=ds(X, Y), y=None, batch_size=None, verbose=np.int64(2)),
     ],
 )
-def test_check_fit_args_accepts_valid_arguments(pipe, kwargs):
+def testcheck_fit_args_accepts_valid_arguments(pipe, kwargs):
     # The checks must not reject what fit can train: each row is accepted silently.
-    assert _check_fit_args(pipe.model, pipe.loss, **_fit_kwargs(kwargs)) is None
+    assert check_fit_args(pipe.model, pipe.loss, **_fit_kwargs(kwargs)) is None
 
 
 def test_fit_before_compile_fails_before_the_data_is_read():

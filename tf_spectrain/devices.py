@@ -43,6 +43,21 @@ def existing_devices(kind=None):
     return names
 
 
+def logical_device_names():
+    """Returns the full names of every logical device, local or of a connected cluster.
+
+    Unlike `existing_devices`, the names are fully qualified, such as
+    `"/job:localhost/replica:0/task:0/device:CPU:0"`, and include the devices of remote
+    jobs once `tf.config.experimental_connect_to_cluster` has connected them.
+
+    This initialises the TensorFlow runtime if it is not yet initialised.
+
+    Returns:
+        A list of device name strings, in TensorFlow's order.
+    """
+    return [d.name for d in tf.config.list_logical_devices()]
+
+
 def _runtime_initialized():
     # `tf.config` offers no public query; the context's handle exists once it has started.
     from tensorflow.python.eager import context

@@ -18,428 +18,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import compile_utils, devices as devices_lib, modes, partition, schedule
+from tf_spectrain import compile_utils, input_checks, modes, partition, schedule
+from tf_spectrain import devices as devices_lib
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.stage import StageRunner, as_list, one_or_list
 
-_DEFAULT_BATCH_SIZE = 32
 ON_NAN = ("stop", "skip")
 
 
 class NonFiniteLossError(FloatingPointError):
     """Training met a non-finite loss (with `on_nan="stop"`); the message says where."""
 
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
-
-
-def _check_optional_int(name, value, minimum):
-    if value is not None:
-        _check_int(name, value, minimum)
-
-
-_VERBOSE_HELP = "'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch)"
-
-
-def _check_verbose(verbose):
-    if isinstance(verbose, str):
-        ok = verbose == "auto"
-    else:
-        ok = isinstance(verbose, (int, np.integer)) and 0 <= verbose <= 2
-    if not ok:
-        raise ValueError(f"`verbose` must be {_VERBOSE_HELP}. Received: verbose={verbose!r}")
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
-
-
-def _check_callbacks(callbacks):
-    if callbacks is None:
-        return
-    if isinstance(callbacks, keras.callbacks.Callback):
-        raise TypeError(
-            "`callbacks` must be a list of keras.callbacks.Callback instances. Received: "
-            f"callbacks={callbacks!r}; did you mean callbacks=[{type(callbacks).__name__}(...)]?"
-        )
-    if not isinstance(callbacks, (list, tuple)):
-        raise TypeError(
-            "`callbacks` must be a list of keras.callbacks.Callback instances. "
-            f"Received: callbacks={callbacks!r} of type {type(callbacks).__name__}"
-        )
-    for c in callbacks:
-        if not isinstance(c, keras.callbacks.Callback):
-            what = "a class, not an instance" if isinstance(c, type) else type(c).__name__
-            raise TypeError(
-                "`callbacks` must contain keras.callbacks.Callback instances. "
-                f"Received: {c!r} ({what}) in callbacks"
-            )
-
-
-# --- data checks: shapes and structure, before any training step ---------------------------
-
-
-def _shape(obj):
-    """The shape of an array, tensor or TensorSpec as a tuple (None where unknown)."""
-    shape = tf.TensorShape(obj.shape)
-    return None if shape.rank is None else tuple(shape.as_list())
-
-
-def _numpy_dtype(obj):
-    dtype = obj.dtype
-    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
-
-
-def _is_non_numeric(obj):
-    return _numpy_dtype(obj).kind in "OSUV"  # objects, bytes, str, void
-
-
-def _fits(expected, actual):
-    return len(expected) == len(actual) and all(
-        e is None or a is None or e == a for e, a in zip(expected, actual)
-    )
-
-
-def _input_parts(model, x, what):
-    """`x` split into one part per model input: [(label, part, expected KerasTensor)]."""
-    inputs = list(model.inputs)
-    names = [t.name for t in inputs]
-    if isinstance(x, dict):
-        if set(x) != set(names):
-            raise ValueError(
-                f"`{what}` is a dict, so its keys must be the names of the model's inputs "
-                f"{names}. Received keys: {sorted(x, key=str)}"
-            )
-        return [(f"{what}['{n}']", x[n], t) for n, t in zip(names, inputs)]
-    if isinstance(x, (list, tuple)):
-        if len(x) != len(inputs):
-            raise ValueError(
-                f"Model '{model.name}' has {len(inputs)} input(s) {names}, but `{what}` is a "
-                f"{type(x).__name__} of {len(x)} items; pass one array per model input"
-                + (" (a single NumPy array for a one-input model)." if len(inputs) == 1 else ".")
-            )
-        return [(f"{what}[{k}]", part, t) for k, (part, t) in enumerate(zip(x, inputs))]
-    if len(inputs) != 1:
-        raise ValueError(
-            f"Model '{model.name}' has {len(inputs)} inputs {names}: pass `{what}` as a list "
-            f"of {len(inputs)} arrays (or a dict by input name). Received: a single "
-            f"{type(x).__name__}"
-        )
-    return [(what, x, inputs[0])]
-
-
-def _model_inputs(model, x):
-    """Checked input arrays as the stages take them: one array, or a tuple in input order.
-
-    A tuple, not a list: `from_tensor_slices` would stack a list into one tensor.
-    """
-    parts = tuple(part for _, part, _ in _input_parts(model, x, "x"))
-    return parts[0] if len(parts) == 1 else parts
-
-
-def _check_inputs(model, x, what="x", from_dataset=False):
-    """Checks arrays, tensors or TensorSpecs `x` against the model's inputs.
-
-    Args:
-        model: the wrapped Keras model.
-        x: one array per model input (a single one, a list/tuple or a dict by input
-            name), or the matching TensorSpecs of a dataset's batches.
-        what: how the error message calls `x`.
-        from_dataset: `x` holds the `element_spec` of a dataset of batches.
-
-    Returns:
-        The number of examples (None for a dataset).
-
-    Raises:
-        TypeError: if a part is not an array or tensor.
-        ValueError: if the structure, a shape or a dtype does not match the model.
-    """
-    sizes = []
-    for label, part, expected in _input_parts(model, x, what):
-        if not (hasattr(part, "shape") and hasattr(part, "dtype")):
-            raise TypeError(
-                f"`{what}` must be a NumPy array or a tensor (a list of them for several "
-                f"inputs). Received: {label} of type {type(part).__name__}"
-            )
-        want, got = tuple(expected.shape), _shape(part)
-        if got is not None and not _fits(want, got):
-            if from_dataset:
-                source = f"the dataset `{what}` yields {'inputs' if label == what else label} of"
-            else:
-                source = f"{label} has"
-            hint = ""
-            if from_dataset and len(got) == len(want) - 1:
-                hint = "; batch the dataset first (dataset.batch(batch_size))"
-            raise ValueError(
-                f"Model '{model.name}' expects inputs of shape {want} but {source} shape "
-                f"{got}{hint}."
-            )
-        if expected.dtype != "string" and _is_non_numeric(part):
-            raise ValueError(
-                f"`{what}` must hold numbers: the model's input '{expected.name}' is "
-                f"{expected.dtype}, but {label} has dtype {_numpy_dtype(part)}."
-            )
-        if not from_dataset:
-            sizes.append(got[0])
-    if from_dataset:
-        return None
-    if len(set(sizes)) > 1:
-        raise ValueError(
-            f"All arrays of `{what}` must have the same number of examples. Received: {sizes}"
-        )
-    if sizes[0] == 0:
-        raise ValueError(f"`{what}` is empty (0 examples).")
-    return sizes[0]
-
-
-def _is_sparse_categorical(loss):
-    name = getattr(loss, "name", None) or getattr(loss, "__name__", "") or ""
-    return "sparse_categorical" in name
-
-
-def _as_labels(y, what):
-    """`y` as an array-like with `shape` and `dtype` (a list of numbers becomes an array)."""
-    if hasattr(y, "shape") and hasattr(y, "dtype"):
-        return y
-    if isinstance(y, (list, tuple)):
-        try:
-            return np.asarray(y)
-        except ValueError:
-            pass
-    raise TypeError(
-        f"`{what}` must be a NumPy array or a tensor of labels. "
-        f"Received: {what} of type {type(y).__name__}"
-    )
-
-
-def _check_labels(model, loss, y, what="y", from_dataset=False):
-    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss.
-
-    The loss is run once, eagerly, on a two-example slice of the labels (zeros for a
-    dataset) and zero outputs: if that fails, training would fail the same way, later
-    and deep inside TensorFlow. Sparse categorical labels are also checked to lie in
-    `[0, num_classes)` (out-of-range labels give NaN losses on GPUs instead of an error).
-    Models with several outputs are left to the loss.
-
-    Raises:
-        ValueError: if the labels do not fit the model's output and the loss.
-    """
-    if len(model.outputs) != 1:
-        return
-    out = model.outputs[0]
-    out_shape, y_shape = tuple(out.shape), _shape(y)
-    if y_shape is None:
-        return
-    if len(y_shape) == 0:
-        raise ValueError(f"`{what}` must have a batch axis. Received: {what} of shape ()")
-    if _is_non_numeric(y):
-        raise ValueError(
-            f"`{what}` must hold numbers (encode class names as integers). "
-            f"Received: {what} of dtype {_numpy_dtype(y)}"
-        )
-    if any(d is None for d in out_shape[1:] + y_shape[1:]):
-        return  # variable-size outputs or labels: nothing to probe with
-    if not from_dataset and _is_sparse_categorical(loss):
-        _check_label_range(loss, np.asarray(y), out_shape[-1], what)
-    if from_dataset:
-        sample = tf.zeros((2,) + y_shape[1:], dtype=y.dtype)
-    else:
-        sample = tf.convert_to_tensor(np.asarray(y[:2]))
-    outputs = tf.zeros((int(sample.shape[0]),) + out_shape[1:], dtype=out.dtype or "float32")
-    loss_name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
-    try:
-        loss(sample, outputs)
-    except (ValueError, TypeError, tf.errors.OpError) as e:
-        lines = str(e).strip().splitlines()
-        reason = lines[-1] if lines else type(e).__name__
-        source = f"the dataset `{what}` yields labels of" if from_dataset else f"`{what}` has"
-        raise ValueError(
-            f"The labels do not fit the model's output: model '{model.name}' outputs shape "
-            f"{out_shape} but {source} shape {y_shape}, which the loss '{loss_name}' "
-            f"cannot take ({reason})."
-        ) from None
-
-
-def _check_label_range(loss, y, num_classes, what):
-    ignore = loss.get_config().get("ignore_class") if hasattr(loss, "get_config") else None
-    values = y if ignore is None else y[y != ignore]
-    if values.size and (values.min() < 0 or values.max() >= num_classes):
-        raise ValueError(
-            f"`{what}` holds class indices for the sparse categorical loss, which must lie "
-            f"in [0, {num_classes}) for the model's {num_classes} outputs. Received: "
-            f"labels from {values.min()} to {values.max()}"
-        )
-
-
-def _check_dataset(model, loss, ds, what="x"):
-    """Checks that a dataset yields `(x, y)` batches that fit the model and the loss."""
-    spec = ds.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-        if isinstance(spec, tuple) and len(spec) == 3:
-            found = "(x, y, sample_weight) triples; sample weights are not supported"
-        else:
-            found = f"elements {spec}"
-        raise ValueError(
-            f"`{what}` must be a tf.data.Dataset of (x, y) batches. Received: a dataset "
-            f"of {found}"
-        )
-    if int(ds.cardinality()) == 0:
-        raise ValueError(f"`{what}` is an empty dataset (0 batches).")
-    _check_inputs(model, spec[0], what=what, from_dataset=True)
-    _check_labels(model, loss, spec[1], what=what, from_dataset=True)
-
-
-def _check_data(model, loss, x, y, names=("x", "y")):
-    """Checks `(x, y)` arrays or an `(x, y)` dataset against the model and the loss.
-
-    Args:
-        model: the wrapped Keras model.
-        loss: the compiled loss (a callable `loss(y_true, y_pred)`).
-        x, y: arrays (`x` one per model input), or `x` a dataset and `y` None.
-        names: how the messages call `x` and `y` (e.g. `("x_val", "y_val")`).
-
-    Returns:
-        The number of examples, or None for a dataset.
-
-    Raises:
-        TypeError, ValueError: for data that does not fit the model or the loss.
-    """
-    x_name, y_name = names
-    if isinstance(x, tf.data.Dataset):
-        if y is not None:
-            raise ValueError(
-                f"`{y_name}` must be None when `{x_name}` is a tf.data.Dataset of (x, y) "
-                f"batches. Received: {y_name} of type {type(y).__name__}"
-            )
-        _check_dataset(model, loss, x, x_name)
-        return None
-    if x is None or y is None:
-        raise ValueError(
-            f"Pass `{x_name}` and `{y_name}` arrays, or a tf.data.Dataset of (x, y) batches "
-            f"as `{x_name}`. Received: {x_name}={type(x).__name__}, {y_name}={type(y).__name__}"
-        )
-    n_x = _check_inputs(model, x, x_name)
-    if len(model.outputs) != 1:
-        return n_x  # several outputs: the loss decides what `y` holds
-    labels = _as_labels(y, y_name)
-    y_shape = _shape(labels)
-    if y_shape and y_shape[0] is not None and y_shape[0] != n_x:
-        raise ValueError(
-            f"`{x_name}` and `{y_name}` must have the same number of examples. "
-            f"Received: {n_x} and {y_shape[0]}"
-        )
-    _check_labels(model, loss, labels, y_name)
-    return n_x
-
-
-def _check_predict_dataset(model, ds):
-    """Checks a dataset for `predict`: input batches, or `(x, y[, w])` batches as in Keras."""
-    spec = ds.element_spec
-    if isinstance(spec, tuple) and len(spec) in (2, 3):
-        spec = spec[0]
-    if int(ds.cardinality()) == 0:
-        raise ValueError("`x` is an empty dataset (0 batches).")
-    _check_inputs(model, spec, what="x", from_dataset=True)
-
-
-def _unpack_validation_data(validation_data):
-    """`(x_val, y_val)` from `validation_data` (a tuple/list of 2, or a dataset and None)."""
-    if isinstance(validation_data, tf.data.Dataset):
-        return validation_data, None
-    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
-        return validation_data[0], validation_data[1]
-    if isinstance(validation_data, (tuple, list)):
-        extra = "; sample weights are not supported" if len(validation_data) == 3 else ""
-        raise ValueError(
-            "`validation_data` must be (x_val, y_val) or a tf.data.Dataset of (x, y) "
-            f"batches. Received: a {type(validation_data).__name__} of "
-            f"{len(validation_data)}{extra}"
-        )
-    raise TypeError(
-        "`validation_data` must be (x_val, y_val) or a tf.data.Dataset of (x, y) batches. "
-        f"Received: validation_data of type {type(validation_data).__name__}"
-    )
-
-
-def _validation_names(y_val):
-    """How messages call the parts of `validation_data`."""
-    if y_val is None:
-        return ("validation_data", "validation_data")
-    return ("validation_data[0]", "validation_data[1]")
-
-
-def _check_fit_args(
-    model,
-    loss,
-    *,
-    x,
-    y,
-    batch_size,
-    epochs,
-    verbose,
-    callbacks,
-    validation_data,
-    shuffle,
-    initial_epoch,
-    steps_per_epoch,
-):
-    """Checks every argument of `PipelineModel.fit` before anything runs.
-
-    Call it first in `fit` (after `_require_compiled`), with `fit`'s arguments as passed.
-
-    Args:
-        model: the wrapped Keras model (its inputs and output give the expected shapes).
-        loss: the compiled loss, probed once on the labels.
-        x, y, batch_size, epochs, verbose, callbacks, validation_data, shuffle,
-            initial_epoch, steps_per_epoch: `fit`'s arguments.
-
-    Raises:
-        TypeError: an argument of the wrong type (callbacks, shuffle, data that is not
-            arrays or a dataset).
-        ValueError: a bad value, or data whose shapes do not fit the model or the loss
-            (the message gives both shapes); the message names the argument.
-    """
-    _check_int("epochs", epochs, 1)
-    _check_int("initial_epoch", initial_epoch, 0)
-    if initial_epoch >= epochs:
-        raise ValueError(
-            "`initial_epoch` must be smaller than `epochs` (fit trains epochs "
-            f"initial_epoch .. epochs - 1). Received: initial_epoch={initial_epoch}, "
-            f"epochs={epochs}"
-        )
-    _check_optional_int("batch_size", batch_size, 1)
-    _check_optional_int("steps_per_epoch", steps_per_epoch, 1)
-    _check_verbose(verbose)
-    _check_callbacks(callbacks)
-    _check_bool("shuffle", shuffle)
-    n = _check_data(model, loss, x, y)
-    if validation_data is not None:
-        x_val, y_val = _unpack_validation_data(validation_data)
-        _check_data(model, loss, x_val, y_val, names=_validation_names(y_val))
-    if steps_per_epoch is not None:
-        _check_enough_batches(x, n, batch_size, steps_per_epoch, epochs - initial_epoch)
-
-
-def _check_enough_batches(x, n, batch_size, steps_per_epoch, num_epochs):
-    """With `steps_per_epoch` one iterator runs through all epochs: it must last."""
-    if n is not None:
-        size = _DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-        available, source = -(-n // size), f"{n} examples in batches of {size} give"
-        fix = "lower `steps_per_epoch`, or pass a repeated tf.data.Dataset"
-    else:
-        available, source = int(x.cardinality()), "the dataset has"
-        fix = "repeat the dataset (dataset.repeat()) or lower `steps_per_epoch`"
-    needed = steps_per_epoch * num_epochs
-    if 0 <= available < needed:
-        raise ValueError(
-            f"`steps_per_epoch`={steps_per_epoch} for {num_epochs} epoch(s) needs {needed} "
-            f"batches (one iterator runs through all epochs), but {source} only "
-            f"{available}: {fix}."
-        )
+    located = True  # the message names the step and stage: no note about the thread
 
 
 def _default_devices(num_stages):
@@ -501,7 +92,7 @@ class PipelineModel:
                 f"`model` must be a keras.Model (functional or Sequential). Received: {model!r}"
             )
         modes.check_mode(mode, spectrain_target)
-        _check_int("micro_batches", micro_batches, 1)
+        input_checks.check_int("micro_batches", micro_batches, 1)
         if micro_batches > 1 and mode != "sync":
             raise ValueError(
                 "`micro_batches` > 1 (GPipe) is only defined for mode='sync'. "
@@ -608,12 +199,12 @@ class PipelineModel:
 
     def _dataset(self, x, y, batch_size, shuffle, names=("x", "y")):
         """`(x, y)` batches from arrays or a dataset, checked against the model and loss."""
-        batch_size = _DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-        _check_int("batch_size", batch_size, 1)
-        n_x = _check_data(self.model, self.loss, x, y, names)
+        batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        input_checks.check_int("batch_size", batch_size, 1)
+        n_x = input_checks.check_data(self.model, self.loss, x, y, names)
         if n_x is None:
             return x  # a dataset of (x, y) batches, used as given
-        ds = tf.data.Dataset.from_tensor_slices((_model_inputs(self.model, x), y))
+        ds = tf.data.Dataset.from_tensor_slices((input_checks.model_inputs(self.model, x), y))
         if shuffle:
             ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
         return ds.batch(batch_size).prefetch(2)
@@ -621,7 +212,7 @@ class PipelineModel:
     @staticmethod
     def _num_batches(ds, steps):
         if steps is not None:
-            _check_int("steps_per_epoch", steps, 1)
+            input_checks.check_int("steps_per_epoch", steps, 1)
             return int(steps)
         n = int(ds.cardinality())
         if n < 0:
@@ -777,7 +368,7 @@ class PipelineModel:
         `epoch_progress` then says how far the epoch got.
         """
         runners = self._require_compiled()
-        _check_fit_args(
+        input_checks.check_fit_args(
             self.model,
             self.loss,
             x=x,
@@ -881,8 +472,8 @@ class PipelineModel:
         Error messages call the data `validation_data` unless `names` gives the names of
         `x` and `y`.
         """
-        x, y = _unpack_validation_data(data)
-        names = _validation_names(y) if names is None else names
+        x, y = input_checks.unpack_validation_data(data)
+        names = input_checks.validation_names(y) if names is None else names
         ds = self._dataset(x, y, batch_size, shuffle=False, names=names)
         tracker = keras.metrics.Mean(name="loss")
         metrics = [m.__class__.from_config(m.get_config()) for m in self.metrics]
@@ -919,8 +510,8 @@ class PipelineModel:
                 or data that does not fit the model (the message gives both shapes).
         """
         self._require_compiled()
-        _check_verbose(verbose)
-        _check_bool("return_dict", return_dict)
+        input_checks.check_verbose(verbose)
+        input_checks.check_bool("return_dict", return_dict)
         data = x if isinstance(x, tf.data.Dataset) and y is None else (x, y)
         self._push_weights()
         logs = self._evaluate_logs(data, batch_size, names=("x", "y"))
@@ -952,16 +543,17 @@ class PipelineModel:
                 or inputs that do not fit the model (the message gives both shapes).
         """
         self._require_compiled()
-        _check_verbose(verbose)
+        input_checks.check_verbose(verbose)
         is_dataset = isinstance(x, tf.data.Dataset)
         if is_dataset:
-            _check_predict_dataset(self.model, x)
+            input_checks.check_predict_dataset(self.model, x)
             ds = x
         else:
-            bs = _DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-            _check_int("batch_size", bs, 1)
-            _check_inputs(self.model, x)
-            ds = tf.data.Dataset.from_tensor_slices(_model_inputs(self.model, x)).batch(bs)
+            bs = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+            input_checks.check_int("batch_size", bs, 1)
+            input_checks.check_inputs(self.model, x)
+            inputs = input_checks.model_inputs(self.model, x)
+            ds = tf.data.Dataset.from_tensor_slices(inputs).batch(bs)
         self._push_weights()
         outputs = []
         for xb in ds:

@@ -9,7 +9,7 @@ into the shared-layer stages of `split_model`, and thereby into the original mod
 import keras
 import tensorflow as tf
 
-from tf_spectrain.devices import existing_devices
+from tf_spectrain.devices import existing_devices, logical_device_names
 
 
 def place_stages(stages, devices):
@@ -180,5 +180,4 @@ def _device_key(spec):
 
 def _known_devices():
     """`{_device_key: name}` of every logical device, local or of a connected cluster."""
-    names = [d.name for d in tf.config.list_logical_devices()]
-    return {_device_key(tf.DeviceSpec.from_string(name)): name for name in names}
+    return {_device_key(tf.DeviceSpec.from_string(name)): name for name in logical_device_names()}

@@ -66,7 +66,9 @@ class FailureBox:
         """Re-raises the first failure in the calling thread, naming where it happened."""
         if self.error is not None:
             error = self.error
-            if self.where and hasattr(error, "add_note"):
+            # Errors that say where they come from themselves set `located = True`.
+            located = getattr(error, "located", False)
+            if self.where and not located and hasattr(error, "add_note"):
                 error.add_note(f"(tf_spectrain: raised in {self.where})")
             raise error.with_traceback(error.__traceback__)
         if self.abort.is_set():

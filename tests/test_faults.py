@@ -1,0 +1,171 @@
+"""Faults during training: non-finite losses, failing stages, stopping early.
+
+A non-finite value is injected at a known place (a layer of stage 1 turns its output into
+NaN for one poisoned mini-batch), so the diagnosis can be checked against where it was put.
+Stopping early is checked against its definition: the drained, shortened epoch is exactly
+the schedule of an epoch with that many mini-batches.
+"""
+
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_spectrain import NonFiniteLossError, checkpoint_store
+from tf_spectrain.callbacks import PipelineCheckpoint
+from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
+
+LR = 0.05
+BATCH = 8
+POISONED = 3  # the mini-batch whose examples make stage 1 produce NaN
+
+
+def poisonable_mlp(seed=0):
+    """dense0 | boom, dense1 | dense2: `boom` (stage 1) emits NaN for huge activations."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,), name="features")
+    h = keras.layers.Dense(8, activation="relu", name="dense0")(inputs)
+    # NaN from a constant branch: its gradient w.r.t. t stays finite for clean batches.
+    h = keras.layers.Lambda(
+        lambda t: tf.where(tf.reduce_max(t) > 1e4, tf.fill(tf.shape(t), np.nan), t),
+        name="boom",
+    )(h)
+    h = keras.layers.Dense(8, activation="tanh", name="dense1")(h)
+    outputs = keras.layers.Dense(3, name="dense2")(h)
+    return keras.Model(inputs, outputs, name="poisonable")
+
+
+def data(poison=True, n=64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    y = rng.integers(0, 3, n).astype("int32")
+    if poison:
+        x[POISONED * BATCH : (POISONED + 1) * BATCH] = 1e6
+    return x, y
+
+
+def pipeline(mode="spectrain", model=None):
+    pipe = PipelineModel(model or poisonable_mlp(), cuts=["dense0", "dense1"], mode=mode)
+    pipe.compile(
+        SpecTrainSGD(LR, momentum=0.9),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ["accuracy"],
+    )
+    return pipe
+
+
+def no_stage_threads():
+    return not [t for t in threading.enumerate() if t.name.startswith("stage-")]
+
+
+@pytest.mark.parametrize("mode", ["spectrain", "stash", "sync"])
+def test_non_finite_loss_names_step_stage_and_learning_rate(mode, tmp_path):
+    pipe = pipeline(mode)
+    x, y = data()
+    clean_x, clean_y = data(poison=False)
+    checkpoint = PipelineCheckpoint(tmp_path, keep=5)
+    pipe.fit(clean_x, clean_y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[checkpoint])
+    saved = checkpoint_store.list_checkpoints(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(NonFiniteLossError) as info:
+        pipe.fit(x, y, batch_size=BATCH, epochs=2, initial_epoch=1, shuffle=False, verbose=0,
+                 callbacks=[checkpoint])
+    message = str(info.value)
+    assert time.perf_counter() - start < 30
+    assert f"at step {8 + POISONED} (mini-batch {POISONED} of epoch 1)" in message
+    assert "stage 1 (on /CPU:1), in the forward pass of mini-batch 3" in message
+    assert f"learning rate is {LR:g}" in message
+    assert no_stage_threads()
+    # The last good checkpoint stays the newest, and it is finite.
+    assert checkpoint_store.list_checkpoints(tmp_path) == saved
+    arrays, _ = checkpoint_store.load_checkpoint(saved[-1])
+    assert all(np.all(np.isfinite(a)) for a in arrays.values() if a.dtype.kind == "f")
+
+
+def test_skip_leaves_out_the_non_finite_updates():
+    x, y = data()
+    pipe = pipeline("stash")
+    before = [w.copy() for w in pipe.model.get_weights()]
+    history = pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, on_nan="skip")
+    assert pipe.batches_skipped == 2  # one poisoned mini-batch per epoch
+    # Stages 1 and 2 got NaN gradients and skipped; stage 0's gradient is finite (exactly
+    # zero: `boom`'s NaN branch does not depend on its input), so it updated.
+    assert [r.skipped for r in pipe.runners] == [0, 2, 2]
+    assert [r.updates for r in pipe.runners] == [16, 14, 14]  # 8 mini-batches x 2 epochs
+    assert all(np.all(np.isfinite(w)) for w in pipe.model.get_weights())
+    assert all(np.isfinite(history.history["loss"]))
+    assert max(np.abs(a - b).max() for a, b in zip(before, pipe.model.get_weights())) > 1e-3
+
+
+def test_on_nan_must_be_stop_or_skip():
+    pipe = pipeline()
+    x, y = data(poison=False)
+    with pytest.raises(ValueError, match=r"`on_nan` must be one of \['stop', 'skip'\]"):
+        pipe.fit(x, y, epochs=1, verbose=0, on_nan="ignore")
+
+
+def test_a_failing_op_names_stage_pass_mini_batch_and_epoch():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(8, name="dense0")(inputs)
+    h = keras.layers.Lambda(lambda t: tf.debugging.assert_all_finite(t, "bad value"),
+                            name="check")(h)
+    h = keras.layers.Dense(8, name="dense1")(h)
+    outputs = keras.layers.Dense(3, name="dense2")(h)
+    pipe = pipeline("vanilla", keras.Model(inputs, outputs))
+    x, y = data(poison=False)
+    x[5 * BATCH + 2] = np.nan  # mini-batch 5
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bad value") as info:
+        pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "stage 1 on /CPU:1 failed in the forward pass of mini-batch 5 of epoch 0" in notes
+    assert no_stage_threads()
+
+
+def fit_weights(pipe, x, y, **kwargs):
+    pipe.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, **kwargs)
+    return pipe.model.get_weights()
+
+
+class StopAt(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("mode", ["spectrain", "vanilla", "stash"])
+def test_stop_training_drains_into_exactly_a_shorter_epoch(mode):
+    x, y = data(poison=False)
+    stopped = pipeline(mode, poisonable_mlp(seed=2))
+    got = fit_weights(stopped, x, y, epochs=3, callbacks=[StopAt(1)])
+    epoch, done, total = stopped.epoch_progress
+    assert epoch == 0 and total == 8
+    # The mini-batches already fed when the request came (up to N in flight) finish.
+    assert 2 <= done <= 2 + 3
+    reference = pipeline(mode, poisonable_mlp(seed=2))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    reference.fit(ds, epochs=1, steps_per_epoch=done, verbose=0)
+    for a, b in zip(got, reference.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert all(r.updates == done for r in stopped.runners)
+
+
+def test_request_stop_from_another_thread_ends_fit_promptly():
+    x, y = data(poison=False, n=4000)
+    pipe = pipeline("spectrain", poisonable_mlp(seed=3))
+    timer = threading.Timer(1.0, pipe.request_stop)
+    start = time.perf_counter()
+    timer.start()
+    pipe.fit(x, y, batch_size=4, epochs=50, shuffle=False, verbose=0)
+    assert time.perf_counter() - start < 20
+    epoch, done, total = pipe.epoch_progress
+    assert done < total and epoch < 50
+    assert no_stage_threads()
