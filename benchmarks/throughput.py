@@ -34,6 +34,9 @@ CONFIGS = {
     "spectrain-consistent": dict(mode="spectrain", target="consistent"),
     "spectrain-paper": dict(mode="spectrain", target="paper"),
     "vanilla": dict(mode="vanilla"),
+    # The cost of watching: the default telemetry (per-step scalars with log_every="auto",
+    # prediction error measured on every 10th mini-batch) on top of spectrain-paper.
+    "spectrain-paper+telemetry": dict(mode="spectrain", target="paper", telemetry=True),
 }
 CUTS = {
     "vgg16": ["block2_pool", "block3_pool", "block4_pool"],
@@ -99,9 +102,14 @@ def child(args):
         def on_train_batch_end(self, batch, logs=None):
             stamps.append(time.perf_counter())
 
+    callbacks = [Clock()]
+    if args.telemetry:
+        import tempfile
+
+        callbacks.append(tf_spectrain.callbacks.Telemetry(tempfile.mkdtemp(), prediction_every=10))
     trainer.fit(warm, epochs=1, verbose=0)
     stamps.clear()
-    trainer.fit(full, epochs=1, verbose=0, callbacks=[Clock()])
+    trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
     steady = (args.steps - args.skip - 1) * args.batch_size / (stamps[-1] - stamps[args.skip + 1])
     whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
     print(json.dumps({"steady": steady, "epoch": whole}))
@@ -116,6 +124,8 @@ def measure(name, args):
         "--stages", str(args.stages), "--batch-size", str(args.batch_size),
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--skip", str(args.skip),
     ]
+    if config.get("telemetry"):
+        cmd.append("--telemetry")
     if args.pipeline_intra_op and config["mode"] not in ("single", "dp"):
         cmd += ["--intra-op", str(args.pipeline_intra_op)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -153,7 +163,10 @@ def main():
     p.add_argument("--warmup", type=int, default=3, help="mini-batches of the warm-up fit")
     p.add_argument("--skip", type=int, default=4, help="first mini-batches left out (fill)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    p.add_argument(
+        "--configs", default=",".join(c for c in CONFIGS if "+" not in c),
+        help=f"comma-separated subset of {list(CONFIGS)}",
+    )
     p.add_argument(
         "--pipeline-intra-op", type=int, default=0,
         help="intra-op threads for pipeline runs (0: TensorFlow's default)",
@@ -165,6 +178,7 @@ def main():
     p.add_argument("--mode", default="single", help=argparse.SUPPRESS)
     p.add_argument("--target", default="paper", help=argparse.SUPPRESS)
     p.add_argument("--intra-op", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--telemetry", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)

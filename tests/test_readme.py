@@ -43,14 +43,16 @@ def test_readme_has_cli_examples():
 
 
 @pytest.mark.parametrize("line", EXAMPLES)
-def test_readme_cli_examples_parse(line):
+def test_readme_cli_examples_parse(line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # parsing creates the output dirs
     argv = shlex.split(line)[2:]
     args = cli.parse_args(argv)  # exits with code 2 on any bad flag
     assert args.model
 
 
-def test_readme_python_example_runs(tmp_path, monkeypatch):
-    code = next(block for lang, block in BLOCKS if lang == "python")
+def test_readme_python_examples_run(tmp_path, monkeypatch):
+    """The API example, then the resume example, run one after the other."""
+    code = "\n".join(block for lang, block in BLOCKS if lang == "python")
     # The same code on a small model and a slice of the data, so that it runs in seconds.
     replacements = [
         ('get_model("vgg16"', 'get_model("small_cnn"'),
@@ -68,3 +70,5 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "trained.keras").exists()
     assert any(name.startswith("events") for _, _, files in os.walk(tmp_path / "runs")
                for name in files)
+    assert namespace["info"]["epoch"] == 2  # the resume example continued after epoch 2
+    assert namespace["pipe"].stage_optimizers[0].iterations.numpy() == 3 * 2  # 96 / 64

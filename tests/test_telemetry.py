@@ -299,3 +299,37 @@ def test_bad_arguments(kwargs, error, tmp_path):
 def test_bad_logdir_type():
     with pytest.raises(TypeError, match="`logdir` must be a path"):
         Telemetry(3)
+
+
+def _event_tags(logdir):
+    """{subdir: EventAccumulator tags} for every folder holding event files."""
+    import os
+
+    found = {}
+    for folder, _, files in os.walk(logdir):
+        if any(f.startswith("events") for f in files):
+            acc = EventAccumulator(folder, size_guidance={"tensors": 0})
+            acc.Reload()
+            found[os.path.relpath(folder, logdir)] = acc.Tags()
+    return found
+
+
+def test_train_py_graph_and_histograms_only_on_request(tmp_path, capsys):
+    from tf_spectrain import cli
+
+    argv = ["--model", "mlp", "--gpus", "2", "--limit", "32", "--batch-size", "16",
+            "--epochs", "1", "--prediction-every", "1"]
+    plain, extra = tmp_path / "plain", tmp_path / "extra"
+    assert cli.main(argv + ["--logdir", str(plain)]) == 0
+    assert cli.main(argv + ["--logdir", str(extra), "--graph", "--histograms"]) == 0
+    capsys.readouterr()
+    tags = _event_tags(plain)
+    assert list(tags) == ["."]  # Telemetry's file only
+    scalars = set(tags["."]["tensors"])
+    assert {"batch/loss", "epoch/val_accuracy", "pipeline/stage_1/utilisation"} <= scalars
+    assert "prediction/stage_0/forward_ratio" in scalars
+    assert not [t for t in scalars if "histogram" in t]
+    tags = _event_tags(extra)
+    train = tags["train"]
+    assert "keras" in train["tensors"]  # the model's graph, as Keras' TensorBoard writes it
+    assert any(t.endswith("/histogram") for t in train["tensors"])
