@@ -309,3 +309,20 @@ def test_checked_inputs_still_predict_and_evaluate_like_keras(pipe):
     assert pipe.evaluate(X, list(Y), batch_size=N, verbose=0)[0] == pytest.approx(
         reference, rel=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "batch_size, n, pattern",
+    [
+        (6, 16, r"`micro_batches`=4 must divide `batch_size`.*batch_size=6"),
+        (8, 18, r"last mini-batch of an epoch has 2 examples \(18 examples, batch_size=8\), "
+                r"fewer than `micro_batches`=4"),
+    ],
+)
+def test_micro_batches_must_split_the_array_batches(batch_size, n, pattern):
+    pipe = PipelineModel(make_mlp(), cuts=["dense0"], mode="sync", micro_batches=4)
+    pipe.compile(SpecTrainSGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.zeros((n, FEATURES), "float32")
+    y = np.zeros(n, "int32")
+    assert_rejected(pipe, lambda: pipe.fit(x, y, batch_size=batch_size, verbose=0), ValueError,
+                    pattern)

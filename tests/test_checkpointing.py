@@ -320,3 +320,64 @@ def test_sigkill_leaves_a_resumable_run(tmp_path):
     out, err = finish.communicate(timeout=300)
     assert finish.returncode == 0, err[-3000:]
     assert f"resuming {newest}" in out
+
+
+def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
+    """fit(x, y, shuffle=True): each epoch's order depends on the seed saved in the checkpoint."""
+    x, y = data.load_arrays("digits", "train", limit=LIMIT)
+    whole = pipeline("spectrain")
+    whole.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0,
+              callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
+    resumed = pipeline("spectrain")
+    resumed.shuffle_seed += 1  # as if drawn in another process with another global seed
+    info = restore_checkpoint(resumed, checkpoint_store.list_checkpoints(tmp_path)[0])
+    assert resumed.shuffle_seed == whole.shuffle_seed
+    resumed.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=info["epoch"], verbose=0)
+    assert_same_state(state(whole), state(resumed))
+    # and the shuffling really changes the order between epochs (not a fixed order)
+    first = next(iter(whole._epoch_batches(x, y, BATCH, 0)))[1].numpy()
+    second = next(iter(whole._epoch_batches(x, y, BATCH, 1)))[1].numpy()
+    assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"keep": 0}, ValueError, r"`keep` must be an integer >= 1 or None. Received: keep=0"),
+        ({"keep": "3"}, ValueError, r"`keep` must be an integer >= 1 or None"),
+        ({"metadata": {"when": object()}}, TypeError, r"`metadata` must be a dict of JSON values"),
+        ({"metadata": {"lr": float("nan")}}, TypeError, r"`metadata` must be a dict of JSON"),
+    ],
+)
+def test_checkpoint_callback_arguments(kwargs, error, pattern, tmp_path):
+    with pytest.raises(error, match=pattern):
+        PipelineCheckpoint(tmp_path, **kwargs)
+
+
+def test_checkpoint_callback_refuses_a_file_as_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="is an existing file"):
+        PipelineCheckpoint(blocker)
+
+
+def _tensor_scalars(logdir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    import tensorflow as tf
+
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+
+def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, capsys):
+    logdir = str(tmp_path / "run")
+    argv = CLI + ["--logdir", logdir, "--log-every", "1", "--prediction-every", "0"]
+    assert run_cli(argv + ["--epochs", "1", "--lr", "0.01"], capsys)[0] == 0
+    code, out = run_cli(argv + ["--epochs", "2", "--lr", "0.002", "--resume"], capsys)
+    assert code == 0
+    assert "--resume: learning rate 0.01 in the checkpoint, 0.002 from now on" in out.out
+    rates = _tensor_scalars(logdir, "batch/learning_rate")
+    steps = [s for s, _ in rates]
+    assert steps == list(range(8))  # 4 mini-batches per epoch, numbered across both runs
+    np.testing.assert_allclose([v for _, v in rates], [0.01] * 4 + [0.002] * 4, rtol=1e-6)

@@ -46,9 +46,26 @@ def parse_error(capsys, argv):
         (["--limit", "0"], r"--limit must be an integer >= 1"),
         (["--gpus", "two"], r"argument --gpus: invalid int value: 'two'"),
         (["--data-dir", "/no/such/dir"], r"--data-dir /no/such/dir does not exist"),
+        (["--log-every", "0"], r"--log-every must be 'auto' or an integer >= 1"),
+        (["--log-every", "often"], r"argument --log-every: expected 'auto' or an integer"),
+        (["--prediction-every", "-1"], r"--prediction-every must be an integer >= 0"),
+        (["--keep-checkpoints", "-2"], r"--keep-checkpoints must be an integer >= 0"),
+        (["--keep-checkpoints", "0", "--resume", "--logdir", "x"],
+         r"--resume needs checkpoints: it cannot be used with --keep-checkpoints 0"),
+        (["--resume"], r"--resume needs to know where the checkpoints are"),
+        (["--on-nan", "ignore"], r"--on-nan must be one of \['stop', 'skip'\]"),
+        (["--on-nan", "skip", "--mode", "single"], r"--on-nan skip is only available for the pipeline modes"),
+        (["--export", "model.h5"], r"--export must be a file name ending in .keras"),
+        (["--logdir", ""], r"--logdir must be a path. Received: --logdir ''"),
+        (["--epochs", "2", "--epochs", "3"], r"--epochs was given more than once"),
+        (["--epoch", "2"], r"unrecognized arguments: --epoch"),
+        (["--seed", "4294967296"], r"--seed must be >= 0 and < 2\*\*32"),
+        (["--gpus", "65"], r"--gpus must be at most 64"),
+        (["--gpus", "3", "--cuts", "a,b,c"], r"--cuts names 3 layers, which makes 4 stages, but --gpus is 3"),
     ],
 )
-def test_bad_flag_exits_2_with_message(capsys, argv, message):
+def test_bad_flag_exits_2_with_message(capsys, argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a wrong check might create output dirs: keep them here
     err = parse_error(capsys, argv)
     assert re.search(message, err), err
 
@@ -158,3 +175,16 @@ def test_last_mini_batch_too_small_for_micro_batches_fails_before_training(capsy
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "last mini-batch of an epoch has 2 examples" in err and "--micro-batches 4" in err
+
+
+@pytest.mark.parametrize("flag", ["--logdir", "--checkpoint-dir", "--export"])
+def test_unwritable_output_paths_fail_before_training(flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    value = str(blocker / ("model.keras" if flag == "--export" else "sub"))
+    base = [] if flag == "--logdir" else ["--logdir", str(tmp_path / "logs")]
+    err = parse_error(capsys, base + [flag, value])
+    assert "a_file" in err and flag in err
+    assert "Not a directory" in err or "is an existing file" in err
+

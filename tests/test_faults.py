@@ -169,3 +169,47 @@ def test_request_stop_from_another_thread_ends_fit_promptly():
     epoch, done, total = pipe.epoch_progress
     assert done < total and epoch < 50
     assert no_stage_threads()
+
+
+def test_out_of_memory_in_a_backward_stops_every_stage_and_says_where():
+    pipe = pipeline("spectrain", poisonable_mlp(seed=4))
+    runner = pipe.runners[2]
+    original = runner.backward
+
+    def backward(key, grads_out=None):
+        if key == (4, 0):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+        return original(key, grads_out)
+
+    runner.backward = backward
+    x, y = data(poison=False)
+    start = time.perf_counter()
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM") as info:
+        pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert time.perf_counter() - start < 30
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "stage 2 on /CPU:2 failed in the backward pass of mini-batch 4 of epoch 0" in notes
+    assert no_stage_threads()
+    assert all(r.in_flight == 0 for r in pipe.runners)  # in-flight state was dropped
+
+
+def test_skip_keeps_batchnorm_statistics_finite():
+    """A poisoned mini-batch must not write NaN into BatchNorm's moving statistics."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((6,), name="features")
+    h = keras.layers.Dense(8, activation="relu", name="dense0")(inputs)
+    h = keras.layers.Lambda(
+        lambda t: tf.where(tf.reduce_max(t) > 1e4, tf.fill(tf.shape(t), np.nan), t),
+        name="boom",
+    )(h)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dense(8, activation="tanh", name="dense1")(h)
+    outputs = keras.layers.Dense(3, name="dense2")(h)
+    pipe = pipeline("spectrain", keras.Model(inputs, outputs))
+    x, y = data()
+    pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, on_nan="skip")
+    assert pipe.batches_skipped == 2
+    stats = pipe.model.get_layer("bn").non_trainable_weights
+    assert all(np.all(np.isfinite(v.numpy())) for v in stats)
+    clean_x, clean_y = data(poison=False)
+    assert np.isfinite(pipe.evaluate(clean_x, clean_y, verbose=0)[0])

@@ -198,15 +198,17 @@ def test_sync_with_batch_norm_equals_keras_sgd(cuts):
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
 
 
-@pytest.mark.parametrize("micro_batches", [2, 3])
-def test_sync_micro_batches_equal_full_batch_keras_sgd(micro_batches):
-    # 3 micro-batches of a mini-batch of 8 are uneven (3, 3, 2): their losses must be
-    # weighted by size to give the full-batch mean gradient.
+@pytest.mark.parametrize("micro_batches, as_dataset", [(2, False), (4, False), (3, True)])
+def test_sync_micro_batches_equal_full_batch_keras_sgd(micro_batches, as_dataset):
+    # Arrays must split evenly (fit checks it); a dataset's batches of 8 split into 3 are
+    # uneven (3, 3, 2): their losses must be weighted by size to give the full-batch mean.
     x, y = make_data()
     model = make_cnn(batch_norm=False)
     ref, ref_history = keras_reference(model, x=x, y=y, batch_size=BATCH, epochs=2, shuffle=False)
     pipe = compiled_pipe(model, cuts=["relu1", "relu2"], mode="sync", micro_batches=micro_batches)
-    history = pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    data = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)) if as_dataset else dict(
+        x=x, y=y, batch_size=BATCH, shuffle=False)
+    history = pipe.fit(**data, epochs=2, verbose=0)
     assert_weights_close(model.get_weights(), ref.get_weights())
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
 
@@ -794,3 +796,19 @@ def test_batch_norm_statistics_move_once_per_mini_batch(mode):
     for i in range(0, len(x), BATCH):
         expected = 0.5 * expected + 0.5 * x[i:i + BATCH].mean(axis=0)
     np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_name", ["sparse_categorical_crossentropy", "mse"])
+def test_a_loss_given_by_name_averages_over_the_batch_as_in_keras(loss_name):
+    """`loss="mse"` resolves to a per-example function; like Keras, the pipeline averages it."""
+    model = make_mlp()
+    x, y = make_data(n=32, shape=(5,))
+    targets = y if loss_name.startswith("sparse") else np.eye(3, dtype="float32")[y]
+    ref = copy_of(model)
+    ref.compile(optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM), loss=loss_name)
+    ref_history = ref.fit(x, targets, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    pipe = PipelineModel(model, cuts=["dense1"], mode="sync")
+    pipe.compile(optimizer=SpecTrainSGD(LR, momentum=MOMENTUM), loss=loss_name)
+    history = pipe.fit(x, targets, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)

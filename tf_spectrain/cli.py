@@ -8,6 +8,7 @@ bad input exits with code 2 and a message within seconds, so a typo never costs 
 import argparse
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -321,7 +322,7 @@ def _check_writable(args):
     if args.keep_checkpoints:
         targets.append(("--checkpoint-dir", args.checkpoint_dir))
     if args.export not in (None, "none"):
-        targets.append(("--export", os.path.dirname(os.path.abspath(args.export))))
+        targets.append(("the folder of --export", os.path.dirname(os.path.abspath(args.export))))
     for flag, path in targets:
         try:
             checkpoint_store.check_writable_dir(path, flag)
@@ -389,14 +390,20 @@ def resume_command(argv, args):
         if flag != "--resume":
             kept.append(item)
     extra = ["--logdir", args.logdir, "--checkpoint-dir", args.checkpoint_dir, "--resume"]
-    return " ".join(["python train.py"] + kept + extra)
+    return "python train.py " + shlex.join(kept + extra)
 
 
 class _StopOnSignal:
-    """SIGINT/SIGTERM: the first asks the run to stop cleanly, a second SIGINT quits."""
+    """SIGINT/SIGTERM: the first asks the run to stop cleanly, a second SIGINT quits.
 
-    def __init__(self, run, training):
-        self.run, self.training = run, training
+    Before training starts (set-up) there is nothing to save: the program exits with
+    128 + the signal number. After training (the final evaluation and export) the signal
+    is noted and the program finishes, since the work is saved already.
+    """
+
+    def __init__(self, training):
+        self.training = training
+        self.run = None
         self.received = None
 
     def __call__(self, signum, frame):
@@ -404,6 +411,15 @@ class _StopOnSignal:
         if self.received is not None:
             raise KeyboardInterrupt(f"second {name}: quitting without saving")
         self.received = name
+        if self.run is None:
+            print(f"\n{name} received during set-up: nothing trained yet, nothing to save.",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(128 + signum)
+        if self.run.phase == "finishing":
+            print(f"\n{name} received: training is over and saved; the final evaluation and "
+                  "export finish in a moment (send SIGINT again to quit at once).",
+                  file=sys.stderr, flush=True)
+            return
         print(
             f"\n{name} received: finishing the mini-batches in flight, then saving a "
             "checkpoint (send SIGINT again to quit at once without saving)...",
@@ -427,14 +443,15 @@ def main(argv=None):
     args = parse_args(argv)
     from tf_spectrain import training
 
-    try:
-        run = training.prepare(args)
-    except (ValueError, TypeError) as e:
-        parser.error(str(e))
-    print(training.describe(run), flush=True)
-    stopper = _StopOnSignal(run, training)
+    stopper = _StopOnSignal(training)
     uninstall = stopper.install()
     try:
+        try:
+            run = training.prepare(args)
+        except (ValueError, TypeError) as e:
+            parser.error(str(e))
+        print(training.describe(run), flush=True)
+        stopper.run = run
         result = training.train(run)
     except training.NonFiniteLossError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
@@ -451,9 +468,16 @@ def main(argv=None):
         epoch, batch, total = result["stopped_at"]
         where = f"epoch {epoch}, after {batch} of its {total} mini-batches"
         if result["checkpoint"]:
+            note = ""
+            if batch and args.mode in PIPELINE_MODES and args.mode != "sync":
+                note = (
+                    "\n(The pipeline drained in the middle of an epoch: resuming from here "
+                    "continues correctly, but not bit for bit as an uninterrupted run would; "
+                    "resuming from an epoch-end checkpoint is exact.)"
+                )
             print(
                 f"Stopped by {stopper.received} at {where}. Saved checkpoint "
-                f"{result['checkpoint']}.\nTo resume: {resume_command(argv, args)}"
+                f"{result['checkpoint']}.\nTo resume: {resume_command(argv, args)}{note}"
             )
         else:
             print(f"Stopped by {stopper.received} at {where}; checkpoints are off, nothing saved.")

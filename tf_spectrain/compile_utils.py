@@ -13,9 +13,26 @@ def resolve_loss(loss):
             "loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True). Received: loss=None"
         )
     try:
-        return keras.losses.get(loss)
+        resolved = keras.losses.get(loss)
     except (ValueError, TypeError) as e:
         raise ValueError(f"`loss` is not a Keras loss. Received: loss={loss!r} ({e})") from None
+    if isinstance(resolved, keras.losses.Loss):
+        return resolved
+    # A name such as "mse" resolves to a function giving one loss per example; Keras'
+    # compile wraps it to average over the batch, and so does the pipeline.
+    name = getattr(resolved, "__name__", None) or str(loss)
+    return _BatchMean(resolved, name=name)
+
+
+class _BatchMean(keras.losses.Loss):
+    """A per-example loss function as a Keras `Loss` (mean over the batch)."""
+
+    def __init__(self, fn, name):
+        super().__init__(name=name)
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
 
 
 def _accuracy_for(loss):

@@ -119,6 +119,9 @@ class PipelineModel:
         self.epoch_seconds = 0.0  # wall time of the last epoch's training part (no validation)
         self.images_seen = 0  # training examples reported so far in this `fit`
         self.batches_skipped = 0  # mini-batches left out by on_nan="skip" in this `fit`
+        # The order of shuffled arrays in epoch e is a function of (shuffle_seed, e); drawn
+        # from NumPy's global generator, so keras.utils.set_random_seed fixes it.
+        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
 
     # --- compile ------------------------------------------------------------------------
 
@@ -204,9 +207,24 @@ class PipelineModel:
         n_x = input_checks.check_data(self.model, self.loss, x, y, names)
         if n_x is None:
             return x  # a dataset of (x, y) batches, used as given
-        ds = tf.data.Dataset.from_tensor_slices((input_checks.model_inputs(self.model, x), y))
+        inputs = input_checks.model_inputs(self.model, x)
+        ds = tf.data.Dataset.from_tensor_slices((inputs, y))
         if shuffle:
             ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
+        return ds.batch(batch_size).prefetch(2)
+
+    def _epoch_batches(self, x, y, batch_size, epoch):
+        """Arrays shuffled for `epoch`: the order depends only on `shuffle_seed` and `epoch`,
+        so a run resumed from a checkpoint sees the epochs an uninterrupted one would."""
+        batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        inputs = input_checks.model_inputs(self.model, x)
+        n = len(y)
+        order = np.random.default_rng([self.shuffle_seed, epoch]).permutation(n)
+        if isinstance(inputs, tuple):
+            inputs = tuple(np.asarray(part)[order] for part in inputs)
+        else:
+            inputs = np.asarray(inputs)[order]
+        ds = tf.data.Dataset.from_tensor_slices((inputs, np.asarray(y)[order]))
         return ds.batch(batch_size).prefetch(2)
 
     @staticmethod
@@ -225,6 +243,26 @@ class PipelineModel:
         return n
 
     # --- fit ----------------------------------------------------------------------------
+
+    def _check_micro_batches(self, x, batch_size, steps_per_epoch):
+        """With GPipe micro-batches, array mini-batches must split into equal parts."""
+        m = self.micro_batches
+        if m == 1 or isinstance(x, tf.data.Dataset):
+            return  # a dataset's batch sizes are only known when it runs
+        batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        if batch_size % m:
+            raise ValueError(
+                f"`micro_batches`={m} must divide `batch_size` (each mini-batch splits into "
+                f"{m} equal micro-batches). Received: batch_size={batch_size}"
+            )
+        n = len(tf.nest.flatten(x)[0])
+        last = n % batch_size
+        if steps_per_epoch is None and 0 < last < m:
+            raise ValueError(
+                f"The last mini-batch of an epoch has {last} examples ({n} examples, "
+                f"batch_size={batch_size}), fewer than `micro_batches`={m}: it cannot be "
+                "split. Choose a batch size that leaves no remainder, or fewer micro-batches."
+            )
 
     def _op_lists(self, num_batches):
         n = self.num_stages
@@ -386,6 +424,8 @@ class PipelineModel:
             raise ValueError(f"`on_nan` must be one of {list(ON_NAN)}. Received: on_nan={on_nan!r}")
         ds = self._dataset(x, y, batch_size, shuffle)
         num_batches = self._num_batches(ds, steps_per_epoch)
+        self._check_micro_batches(x, batch_size, steps_per_epoch)
+        per_epoch_order = shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
         for runner in runners:
             runner.skip_non_finite = on_nan == "skip"
         self._attach(callbacks)
@@ -413,7 +453,10 @@ class PipelineModel:
             self._sync_learning_rate()
             if epoch > initial_epoch:
                 self._push_weights()  # callbacks may have set the model's weights
-            batches = iterator if iterator is not None else iter(ds)
+            if per_epoch_order:
+                batches = iter(self._epoch_batches(x, y, batch_size, epoch))
+            else:
+                batches = iterator if iterator is not None else iter(ds)
             op_lists = self._op_lists(num_batches)
             run = EpochRun(
                 runners,
@@ -425,6 +468,7 @@ class PipelineModel:
             )
             for runner in runners:
                 runner.timeline.clear()
+                runner.events.clear()
             self.epoch_progress = (epoch, 0, num_batches)
 
             def on_batch(i, parts, epoch=epoch, run=run):
@@ -441,6 +485,10 @@ class PipelineModel:
                 if self.model.stop_training:
                     run.request_stop()  # stopped from outside before this epoch began
                 run.run(on_batch)
+            except BaseException:
+                for runner in runners:
+                    runner.probe = None  # measurements belong to this fit's callbacks
+                raise
             finally:
                 self._epoch_run = None
                 self.epoch_seconds = time.perf_counter() - started

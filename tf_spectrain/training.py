@@ -19,6 +19,7 @@ from the newest one exactly: the training data of epoch `e` depends only on the 
 
 import dataclasses
 import math
+import os
 import time
 import warnings
 
@@ -47,28 +48,50 @@ def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-class _ThroughputMeter(keras.callbacks.Callback):
-    """Training images per second, timed over the training part of each epoch.
+class _Progress(keras.callbacks.Callback):
+    """Where the run is, how fast it trains, and stop requests that `fit` must not lose.
 
-    The clock stops at the last training batch, so validation is not counted.
+    `position` is `(epoch, mini-batches done in it)`, `(e + 1, 0)` once epoch e is over.
+    Images per second are timed over the training part of each epoch (the clock stops at
+    the last training batch, so validation is not counted). A stop requested before `fit`
+    began (e.g. SIGINT while it set up) is applied again at its start, since `fit` resets
+    `stop_training`.
     """
 
-    def __init__(self, images_per_epoch):
+    def __init__(self, run):
         super().__init__()
-        self.images_per_epoch = images_per_epoch
+        self.run = run
+        self.position = (run.start_epoch, run.start_batch)
+        self.resume_batch = 0  # mini-batches of the first epoch done before this fit
         self.images = 0
         self.seconds = 0.0
 
+    def _keep_stopping(self):
+        if self.run.stop_requested:
+            self.model.stop_training = True
+
+    def on_train_begin(self, logs=None):
+        self._keep_stopping()
+
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-        self._last = self._start
+        self._keep_stopping()
+        self._epoch, self._offset, self.resume_batch = epoch, self.resume_batch, 0
+        self._start = self._last = time.perf_counter()
+        self._batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._last = time.perf_counter()
+        self._batches = batch + 1
+        self.position = (self._epoch, self._offset + batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds += self._last - self._start
-        self.images += self.images_per_epoch
+        done = self._offset + self._batches
+        self.images += min(done * self.run.config.batch_size, self.run.num_train) - min(
+            self._offset * self.run.config.batch_size, self.run.num_train
+        )
+        if done >= self.run.steps_per_epoch:
+            self.position = (epoch + 1, 0)
 
     @property
     def images_per_second(self):
@@ -88,7 +111,7 @@ class _StopOnNonFinite(keras.callbacks.Callback):
             lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
             raise NonFiniteLossError(
                 f"The training loss is {float(loss)} at step {self._epoch * steps + batch} "
-                f"(mini-batch {batch} of epoch {self._epoch}) of the single model; learning "
+                f"(mini-batch {batch} of epoch {self._epoch}) of the model; learning "
                 f"rate {lr:g}. Training stopped; no checkpoint was written after this point. "
                 "Try a lower learning rate."
             )
@@ -111,6 +134,7 @@ class Run:
     resumed_from: str = None  # the checkpoint restored, if any
     checkpoint: PipelineCheckpoint = None
     stop_requested: bool = False
+    phase: str = "prepared"  # then "training", then "finishing" (evaluation and export)
 
 
 def run_facts(config):
@@ -140,6 +164,25 @@ def _restore(run):
         return
     info = restore_checkpoint(run.trainer, path, metadata=run_facts(config))
     run.start_epoch, run.start_batch, run.resumed_from = info["epoch"], info["batch"], path
+    _apply_learning_rate(run.trainer, config.lr)
+
+
+def _apply_learning_rate(trainer, lr):
+    """Gives the restored optimizers this run's --lr (the checkpoint holds the old one).
+
+    Momentum and weight decay are settings of the optimizer objects, built from this run's
+    flags, so they follow the command line already; the learning rate is a variable that
+    the checkpoint restored, and is set back here, so that resuming with a lower --lr (say,
+    after a non-finite loss) does what it says.
+    """
+    optimizers = trainer.stage_optimizers if isinstance(trainer, PipelineModel) else [
+        trainer.optimizer
+    ]
+    saved = float(keras.ops.convert_to_numpy(optimizers[0].learning_rate))
+    for optimizer in optimizers:
+        optimizer.learning_rate = lr
+    if saved != lr:
+        print(f"--resume: learning rate {saved:g} in the checkpoint, {lr:g} from now on (--lr).")
 
 
 def prepare(config):
@@ -255,17 +298,9 @@ def request_stop(run):
         run.trainer.stop_training = True
 
 
-def _callbacks(run, meter):
+def _callbacks(run, progress, telemetry):
     config = run.config
-    callbacks = [
-        meter,
-        Telemetry(
-            config.logdir,
-            log_every=getattr(config, "log_every", "auto"),
-            prediction_every=getattr(config, "prediction_every", 10),
-            batch_size=config.batch_size,
-        ),
-    ]
+    callbacks = [progress, telemetry]
     graph, histograms = getattr(config, "graph", False), getattr(config, "histograms", False)
     if graph or histograms:
         callbacks.append(
@@ -306,9 +341,17 @@ def train(run):
         `model` (the trained Keras model) and, for pipelines, `cuts`.
     """
     config = run.config
-    meter = _ThroughputMeter(run.num_train)
-    callbacks = _callbacks(run, meter)
+    progress = _Progress(run)
+    telemetry = Telemetry(
+        config.logdir,
+        log_every=getattr(config, "log_every", "auto"),
+        prediction_every=getattr(config, "prediction_every", 10),
+        batch_size=config.batch_size,
+        steps_per_epoch=run.steps_per_epoch,
+    )
+    callbacks = _callbacks(run, progress, telemetry)
     history = {}
+    run.phase = "training"
     pipeline = isinstance(run.trainer, PipelineModel)
     for start, skip, stop in _fit_segments(run):
         if run.stop_requested:
@@ -324,8 +367,9 @@ def train(run):
             download=config.download,
             limit=config.limit,
         )
-        if run.checkpoint is not None:
-            run.checkpoint.resume_batch = skip
+        for callback in (run.checkpoint, progress, telemetry):
+            if callback is not None:
+                callback.resume_batch = skip
         extra = {"on_nan": getattr(config, "on_nan", "stop")} if pipeline else {}
         segment = run.trainer.fit(
             train_ds,
@@ -340,40 +384,43 @@ def train(run):
         )
         for key, values in segment.history.items():
             history.setdefault(key, []).extend(values)
+    run.phase = "finishing"
+    interrupted = run.stop_requested and progress.position < (config.epochs, 0)
     result = {
-        "interrupted": run.stop_requested,
+        "interrupted": interrupted,
         "checkpoint": run.checkpoint.last_path if run.checkpoint is not None else None,
-        "images_per_second": meter.images_per_second,
+        "images_per_second": progress.images / progress.seconds if progress.seconds else 0.0,
         "history": history,
         "devices": run.device_names,
         "model": run.model,
-        "telemetry": callbacks[1],
+        "telemetry": telemetry,
     }
     if pipeline:
         result["cuts"] = run.trainer.cuts
-    if run.stop_requested:
-        result["stopped_at"] = _stopped_at(run)
+    if interrupted:
+        result["stopped_at"] = (*progress.position, run.steps_per_epoch)
         result["wall_time"] = time.perf_counter() - run.started
         return result
     test_loss, test_accuracy = run.trainer.evaluate(run.test_ds, verbose=0)
     result.update(test_accuracy=float(test_accuracy), test_loss=float(test_loss))
     export = getattr(config, "export", None)
     if export and export != "none":
-        run.model.save(export)
+        export_model(run.model, export)
         result["export"] = export
     result["wall_time"] = time.perf_counter() - run.started
     return result
 
 
-def _stopped_at(run):
-    """`(epoch, mini-batches done, mini-batches per epoch)` where a stopped run ended."""
-    if run.checkpoint is not None and run.checkpoint.last_position:
-        epoch, batch = run.checkpoint.last_position
-        return epoch, batch, run.steps_per_epoch
-    if isinstance(run.trainer, PipelineModel) and run.trainer.epoch_progress:
-        epoch, done, _ = run.trainer.epoch_progress
-        return epoch, done, run.steps_per_epoch
-    return run.start_epoch, run.start_batch, run.steps_per_epoch
+def export_model(model, path):
+    """`model.save(path)` atomically: a kill while saving never leaves a broken file."""
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
+    try:
+        model.save(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def run(config):

@@ -17,6 +17,8 @@ unless all of it fits: a checkpoint of another model, other cuts or another mode
 refused with the list of differences.
 """
 
+import json
+
 import keras
 import numpy as np
 
@@ -113,6 +115,8 @@ def save(trainer, directory, *, epoch, batch=0, keep=3, metadata=None):
         for j, v in enumerate(variables):
             arrays[f"{prefix}/{j}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
     meta = dict(describe_run(trainer), extra=dict(metadata or {}))
+    if _is_pipeline(trainer):
+        meta["shuffle_seed"] = trainer.shuffle_seed  # the order of shuffled arrays, per epoch
     return checkpoint_store.save_checkpoint(
         directory, arrays, meta, epoch=epoch, batch=batch, keep=keep
     )
@@ -170,6 +174,8 @@ def restore_checkpoint(trainer, path, metadata=None):
         )
     for v, value in assignments:
         v.assign(value.astype(v.dtype) if hasattr(value, "astype") else value)
+    if _is_pipeline(trainer) and "shuffle_seed" in saved:
+        trainer.shuffle_seed = int(saved["shuffle_seed"])
     if _is_pipeline(trainer):
         trainer._pull_weights()  # noqa: SLF001 - the wrapped model shows the restored weights
     return info
@@ -214,6 +220,13 @@ class PipelineCheckpoint(keras.callbacks.Callback):
         ):
             raise ValueError(f"`keep` must be an integer >= 1 or None. Received: keep={keep!r}")
         checkpoint_store.check_writable_dir(directory, "directory")
+        try:
+            json.dumps(dict(metadata or {}), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                "`metadata` must be a dict of JSON values (str, numbers, bools, None, lists, "
+                f"dicts). Received: metadata={metadata!r} ({error})"
+            ) from None
         self.directory = directory
         self.keep = keep
         self.metadata = dict(metadata or {})

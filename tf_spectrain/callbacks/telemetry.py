@@ -37,12 +37,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import modes, schedule
+from tf_spectrain import checkpoint_store, modes, schedule
 from tf_spectrain.runtime.probe import WeightProbe
 
 # "auto" logs so that per-step logging costs under 2% of the step time; aim lower, since
 # both the cost of a write and the step time are measured with noise.
 _OVERHEAD_TARGET = 0.01
+_FIRST_AUTO_INTERVAL = 10
 
 
 def _check_positive_int(name, value, allow=()):
@@ -65,6 +66,12 @@ class Telemetry(keras.callbacks.Callback):
             `0, n, 2n, ...` of each epoch, on every stage (pipelines only; 0 turns it off).
         batch_size: the mini-batch size, for `batch/images_per_second` with a plain Keras
             model (a pipeline counts its examples itself). None: log steps per second.
+        steps_per_epoch: mini-batches in a whole epoch, for the step numbers (epoch *
+            steps_per_epoch + mini-batch), which then continue across `fit` calls and
+            resumed runs. None: the `steps` of each `fit`.
+
+    Set `resume_batch` before a `fit` that resumes an epoch in its middle (the restored
+    checkpoint's `batch`): that epoch's step numbers then start there.
 
     Attributes:
         predictions: every prediction measurement so far (dicts, see
@@ -72,23 +79,31 @@ class Telemetry(keras.callbacks.Callback):
         stage_stats: per epoch, a list of per-stage dicts (busy seconds, utilisation).
         overhead_seconds: time spent inside this callback.
         batch_log_seconds: the part of it spent on per-step logging.
+        probe_seconds: time the prediction measurements added to the stage threads.
         log_interval: the current `log_every` (adapted when "auto").
 
     Raises:
-        ValueError: for a bad `log_every`, `prediction_every` or `batch_size`.
+        ValueError: for a bad `log_every`, `prediction_every`, `batch_size` or
+            `steps_per_epoch`, or a `logdir` that cannot be created or written.
         TypeError: if `logdir` is not a path.
     """
 
-    def __init__(self, logdir, log_every="auto", prediction_every=10, batch_size=None):
+    def __init__(
+        self, logdir, log_every="auto", prediction_every=10, batch_size=None, steps_per_epoch=None
+    ):
         super().__init__()
-        if not isinstance(logdir, (str, bytes)) and not hasattr(logdir, "__fspath__"):
+        if not isinstance(logdir, str) and not hasattr(logdir, "__fspath__"):
             raise TypeError(f"`logdir` must be a path. Received: logdir={logdir!r}")
         _check_positive_int("log_every", log_every, allow=("auto",))
         if prediction_every != 0:
             _check_positive_int("prediction_every", prediction_every)
-        if batch_size is not None:
-            _check_positive_int("batch_size", batch_size)
+        for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
+            if value is not None:
+                _check_positive_int(name, value)
+        checkpoint_store.check_writable_dir(logdir, "logdir")
         self.logdir = str(logdir)
+        self.steps_per_epoch = steps_per_epoch
+        self.resume_batch = 0
         self.log_every = log_every
         self.prediction_every = prediction_every
         self.batch_size = batch_size
@@ -97,8 +112,11 @@ class Telemetry(keras.callbacks.Callback):
         self.stage_stats = []
         self.overhead_seconds = 0.0
         self.batch_log_seconds = 0.0
-        self.log_interval = 1 if log_every == "auto" else log_every
+        self.probe_seconds = 0.0
+        # "auto" logs step 1, then every 10th until it has measured what a log costs.
+        self.log_interval = _FIRST_AUTO_INTERVAL if log_every == "auto" else log_every
         self._writer = None
+        self._writers_by_tags = {}  # tuple of tags -> tf.function writing them
         self._schedule_bubbles = {}  # mini-batches -> the schedule's bubble fraction
         self._started = self._ended = None
 
@@ -111,6 +129,24 @@ class Telemetry(keras.callbacks.Callback):
     def _scalar(self, tag, value, step):
         tf.summary.scalar(tag, float(value), step=int(step))
 
+    def _write_many(self, values, step):
+        """Writes `{tag: value}` in one graph call (a few eager ops per tag cost more).
+
+        Returns True when this call traced the graph (a one-time cost, not a logging cost).
+        """
+        tags = tuple(values)
+        writer = self._writers_by_tags.get(tags)
+        traced = writer is None
+        if traced:
+
+            def write(vector, step):
+                for n, tag in enumerate(tags):
+                    tf.summary.scalar(tag, vector[n], step=step)
+
+            writer = self._writers_by_tags[tags] = tf.function(write)
+        writer(tf.constant([values[t] for t in tags], tf.float32), tf.constant(step, tf.int64))
+        return traced
+
     def _learning_rate(self):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
@@ -122,17 +158,24 @@ class Telemetry(keras.callbacks.Callback):
             return self.pipeline.images_seen
         return self._step * (self.batch_size or 1)
 
-    def _write_predictions(self):
+    def _global_step(self, epoch, batch):
+        """The step number of mini-batch `batch` of `epoch` (counted from the run's start)."""
+        per_epoch = self.steps_per_epoch or self.params.get("steps") or 0
+        return epoch * per_epoch + batch
+
+    def _probes(self):
         if self.pipeline is None:
-            return
-        steps = self.pipeline.epoch_progress[2] if self.pipeline.epoch_progress else 0
-        for runner in self.pipeline.runners:
-            if runner.probe is None:
-                continue
-            for result in runner.probe.take_results():
-                result = dict(result, epoch=self._epoch)
+            return []
+        return [r.probe for r in self.pipeline.runners if r.probe is not None]
+
+    def _write_predictions(self):
+        for probe in self._probes():
+            for result in probe.take_results():
                 self.predictions.append(result)
-                step = self._epoch * steps + result["batch"]
+                self._epoch_ratios.setdefault(
+                    (result["epoch"], result["stage"], result["pass"]), []
+                ).append(result["ratio"])
+                step = self._global_step(result["epoch"], result["batch"])
                 prefix = f"prediction/stage_{result['stage']}/{result['pass']}"
                 for name in ("ratio", "error", "baseline"):
                     if math.isfinite(result[name]):
@@ -151,8 +194,9 @@ class Telemetry(keras.callbacks.Callback):
         self._step = 0
         self._last_log = (started, 0, 0)  # (time, step, images)
         self._started, self._ended = started, None
-        self._log_seconds = 0.0
-        self._epoch = 0
+        self._log_costs = []
+        self._epoch, self._offset = 0, 0
+        self._epoch_ratios = {}  # (epoch, stage, pass) -> ratios not yet averaged
         pipe = self.pipeline
         if pipe is not None and self.prediction_every and pipe.num_stages > 1:
             for runner in pipe.runners:
@@ -164,8 +208,10 @@ class Telemetry(keras.callbacks.Callback):
         self.overhead_seconds += time.perf_counter() - started
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        self._epoch, self._offset, self.resume_batch = epoch, self.resume_batch, 0
         self._epoch_start = time.perf_counter()
+        for probe in self._probes():
+            probe.epoch, probe.offset = epoch, self._offset
 
     def on_train_batch_end(self, batch, logs=None):
         started = time.perf_counter()
@@ -178,23 +224,25 @@ class Telemetry(keras.callbacks.Callback):
         last_time, last_step, last_images = self._last_log
         images = self._images()
         rate = (images - last_images) / max(started - last_time, 1e-9)
-        with self._writer.as_default():
-            step = self._step - 1
-            for name, value in (logs or {}).items():
-                self._scalar(f"batch/{name}", value, step)
-            lr = self._learning_rate()
-            if lr is not None:
-                self._scalar("batch/learning_rate", lr, step)
+        values = {f"batch/{name}": float(value) for name, value in (logs or {}).items()}
+        lr = self._learning_rate()
+        if lr is not None:
+            values["batch/learning_rate"] = lr
+        if self._step > 1:
             name = "images_per_second" if self.pipeline or self.batch_size else "steps_per_second"
-            if self._step > 1:
-                self._scalar(f"batch/{name}", rate, step)
+            values[f"batch/{name}"] = rate
+        with self._writer.as_default():
+            traced = self._write_many(values, self._global_step(self._epoch, self._offset + batch))
             self._write_predictions()
         finished = time.perf_counter()
-        self._log_seconds = finished - started
+        if not traced:
+            self._log_costs = (self._log_costs + [finished - started])[-5:]
         self._last_log = (finished, self._step, self._images())
-        if self.log_every == "auto" and self._step > 1:
+        if self.log_every == "auto" and self._step > 1 and self._log_costs:
             per_step = (started - last_time) / max(self._step - last_step, 1)
-            needed = self._log_seconds / (_OVERHEAD_TARGET * max(per_step, 1e-9))
+            # The dearest of the last few writes: one cheap write must not shrink the
+            # interval below what the usual ones need.
+            needed = max(self._log_costs) / (_OVERHEAD_TARGET * max(per_step, 1e-9))
             self.log_interval = max(1, math.ceil(needed))
         self.overhead_seconds += finished - started
         self.batch_log_seconds += finished - started
@@ -208,7 +256,7 @@ class Telemetry(keras.callbacks.Callback):
             if self.pipeline is not None:
                 self._write_stages(epoch)
                 self._write_predictions()
-                self._write_prediction_means(epoch)
+                self._write_prediction_means()
         self._writer.flush()
         self.overhead_seconds += time.perf_counter() - started
 
@@ -235,17 +283,29 @@ class Telemetry(keras.callbacks.Callback):
                 self._schedule_bubbles[done] = schedule.bubble_fraction(table)
             self._scalar("pipeline/bubble_fraction_schedule", self._schedule_bubbles[done], epoch)
         self._scalar("pipeline/skipped_batches", pipe.batches_skipped, epoch)
+        probe_seconds = sum(p.seconds for p in self._probes())
+        self._scalar("pipeline/probe_seconds", probe_seconds, epoch)
+        self.probe_seconds = probe_seconds
 
-    def _write_prediction_means(self, epoch):
-        groups = {}
-        for r in self.predictions:
-            if r["epoch"] == epoch and math.isfinite(r["ratio"]):
-                groups.setdefault((r["stage"], r["pass"]), []).append(r["ratio"])
-        for (stage, kind), ratios in sorted(groups.items()):
-            self._scalar(f"prediction/stage_{stage}/{kind}_ratio_mean", np.mean(ratios), epoch)
+    def _write_prediction_means(self, final=False):
+        """Mean ratio per stage and pass of each epoch whose measurements are complete.
+
+        Passes of the last mini-batches of an epoch may aim at versions that the stage
+        reaches in the next epoch (deep pipelines), so an epoch's mean is written one
+        epoch later, or at the end of training, at that epoch's step.
+        """
+        for key in sorted(k for k in self._epoch_ratios if final or k[0] < self._epoch):
+            epoch, stage, kind = key
+            ratios = [r for r in self._epoch_ratios.pop(key) if math.isfinite(r)]
+            if ratios:
+                self._scalar(f"prediction/stage_{stage}/{kind}_ratio_mean", np.mean(ratios), epoch)
 
     def on_train_end(self, logs=None):
         self._ended = time.perf_counter()
+        if self._writer is not None:
+            with self._writer.as_default():
+                self._write_predictions()
+                self._write_prediction_means(final=True)
         if self.pipeline is not None:
             for runner in self.pipeline.runners:
                 runner.probe = None

@@ -14,17 +14,27 @@ For vanilla and stash, which do not predict, `W_used == W_stale` and the distanc
 staleness itself. The horizon `h` of each pass comes from `modes.probe_horizons`.
 
 The probe runs in the stage's own thread, on sampled mini-batches only: it copies the used
-and the current weights on the stage's device when the pass runs and computes the two
-norms right after the update that reaches the target version.
+and the current weights on the stage's device when the pass runs (one copy where they are
+the same) and computes the two norms right after the update that reaches the target
+version, in `tf.function`s, without waiting for the results: the main thread reads them
+when it takes the results. `seconds` counts the time the probe adds to the stage's thread.
 """
 
 import threading
+import time
 
 import tensorflow as tf
 
 
 def _distance(a, b):
     return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]))
+
+
+def _function(fn):
+    function = tf.function(fn)
+    if hasattr(function, "_omit_frequent_tracing_warning"):
+        function._omit_frequent_tracing_warning = True  # noqa: SLF001 - one per stage, see stage.py
+    return function
 
 
 class WeightProbe:
@@ -47,24 +57,38 @@ class WeightProbe:
         self._stash = {}  # key -> forward weights (for a backward that reuses them)
         self._lock = threading.Lock()
         self._results = []
+        self.epoch = 0  # set by the caller at each epoch start: recorded with each pass
+        self.offset = 0  # mini-batches of the epoch done before this fit (resumed runs)
+        self.seconds = 0.0
+        self._copy_fn = _function(self._copy)
+        self._distances_fn = _function(self._distances)
 
     def _sampled(self, key):
-        return key[1] == 0 and key[0] % self.every == 0
+        return key[1] == 0 and (key[0] + self.offset) % self.every == 0
+
+    def _copy(self, steps):
+        with tf.device(self.runner.device):
+            return [tf.identity(w) for w in self.runner._weights(steps)]  # noqa: SLF001
+
+    def _distances(self, used, stale):
+        with tf.device(self.runner.device):
+            target = self.runner._weights(0)  # noqa: SLF001 - the weights now
+            return _distance(used, target), _distance(stale, target)
 
     def _snapshot(self, steps):
-        with tf.device(self.runner.device):
-            return [tf.identity(w) for w in self.runner.current_weights(steps)]
+        return self._copy_fn(steps)
 
-    def _watch(self, kind, key, used, horizon):
+    def _watch(self, kind, key, used, horizon, stale=None):
         if len(self._pending) >= self.max_pending:
             return
         version = self.runner.updates
         self._pending.append(
             {
                 "pass": kind,
-                "batch": key[0],
+                "epoch": self.epoch,
+                "batch": key[0] + self.offset,
                 "used": used,
-                "stale": self._snapshot(0),
+                "stale": self._snapshot(0) if stale is None else stale,
                 "version": version,
                 "target": version + horizon,
             }
@@ -78,20 +102,31 @@ class WeightProbe:
         needs_stash = self.runner.plan.reuses_forward and h_b > 0
         if h_f <= 0 and not needs_stash:
             return
+        start = time.perf_counter()
         used = self._snapshot(steps)
         if needs_stash:
             self._stash[key] = used
         if h_f > 0:
-            self._watch("forward", key, used, h_f)
+            self._watch("forward", key, used, h_f, stale=used if steps == 0 else None)
+        self.seconds += time.perf_counter() - start
 
     def after_backward(self, key, steps):
         """Called after the backward of `key`; `steps` is its gap, None when it reused."""
         if not self._sampled(key):
             return
         h_b = self.horizons[1]
-        used = self._stash.pop(key, None) if steps is None else self._snapshot(steps)
-        if h_b > 0 and used is not None:
-            self._watch("backward", key, used, h_b)
+        if h_b <= 0:
+            self._stash.pop(key, None)
+            return
+        start = time.perf_counter()
+        if steps is None:
+            used, stale = self._stash.pop(key, None), None
+        else:
+            used = self._snapshot(steps)
+            stale = used if steps == 0 else None
+        if used is not None:
+            self._watch("backward", key, used, h_b, stale=stale)
+        self.seconds += time.perf_counter() - start
 
     def after_update(self):
         """Called after each update: completes the measurements whose target is reached."""
@@ -99,29 +134,36 @@ class WeightProbe:
         done = [p for p in self._pending if p["target"] == version]
         if not done:
             return
+        start = time.perf_counter()
         self._pending = [p for p in self._pending if p["target"] != version]
-        with tf.device(self.runner.device):
-            target = [tf.identity(w) for w in self.runner.current_weights(0)]
-            for p in done:
-                error = float(_distance(p["used"], target))
-                baseline = float(_distance(p["stale"], target))
-                result = {
-                    "stage": self.runner.k,
-                    "pass": p["pass"],
-                    "batch": p["batch"],
-                    "used_version": p["version"],
-                    "target_version": p["target"],
-                    "error": error,
-                    "baseline": baseline,
-                    "ratio": error / baseline if baseline > 0 else float("nan"),
-                }
-                with self._lock:
-                    self._results.append(result)
+        for p in done:
+            error, baseline = self._distances_fn(p["used"], p["stale"])
+            result = {
+                "stage": self.runner.k,
+                "pass": p["pass"],
+                "epoch": p["epoch"],
+                "batch": p["batch"],
+                "used_version": p["version"],
+                "target_version": p["target"],
+                "error": error,  # tensors until take_results
+                "baseline": baseline,
+            }
+            with self._lock:
+                self._results.append(result)
+        self.seconds += time.perf_counter() - start
 
     def take_results(self):
-        """Returns and forgets the completed measurements (thread-safe)."""
+        """Returns and forgets the completed measurements (thread-safe).
+
+        Each is a dict: `stage`, `pass` ("forward" or "backward"), `epoch` and `batch` of
+        the measured pass, `used_version` (the stage's updates when the pass ran),
+        `target_version`, `error`, `baseline` and `ratio` (NaN when `baseline` is 0).
+        """
         with self._lock:
             results, self._results = self._results, []
+        for r in results:
+            r["error"], r["baseline"] = float(r["error"]), float(r["baseline"])
+            r["ratio"] = r["error"] / r["baseline"] if r["baseline"] > 0 else float("nan")
         return results
 
     def reset(self):

@@ -155,9 +155,12 @@ class StageRunner:
             outputs, penalty, new_state, logits = self._run(
                 self._weights(steps), state, inputs, labels, scale
             )
+            finite = _all_finite(outputs + [penalty] + list(new_state))
+            # A pass that produced a non-finite value leaves the state (BatchNorm moving
+            # statistics) as it was, so that on_nan="skip" keeps the model usable.
             for v, value in zip(self.non_trainable, new_state):
-                v.assign(value)
-            return outputs, penalty, logits, _all_finite(outputs + [penalty])
+                v.assign(tf.where(finite, value, v.value))
+            return outputs, penalty, logits, finite
 
     def _input_targets(self, inputs):
         """The inputs whose gradient the previous stage needs (none on stage 0)."""
