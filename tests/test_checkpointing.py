@@ -381,3 +381,25 @@ def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, ca
     steps = [s for s, _ in rates]
     assert steps == list(range(8))  # 4 mini-batches per epoch, numbered across both runs
     np.testing.assert_allclose([v for _, v in rates], [0.01] * 4 + [0.002] * 4, rtol=1e-6)
+
+
+def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp_path, monkeypatch):
+    pipe = pipeline()
+    checkpoint = PipelineCheckpoint(tmp_path)
+    calls = []
+    original = checkpoint_store.save_checkpoint
+
+    def failing_second_save(*args, **kwargs):
+        calls.append(kwargs["epoch"])
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_store, "save_checkpoint", failing_second_save)
+    from tf_spectrain.callbacks import CheckpointWriteError
+
+    with pytest.raises(CheckpointWriteError, match=r"epoch 2, mini-batch 0.*No space left.*"
+                       r"newest complete checkpoint is .*ckpt-e0001-b000000"):
+        train(pipe, 0, EPOCHS, callbacks=[checkpoint])
+    assert calls == [1, 2]
+    checkpoint_store.load_checkpoint(checkpoint_store.latest_checkpoint(tmp_path))

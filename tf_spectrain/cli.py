@@ -453,6 +453,9 @@ def main(argv=None):
         print(training.describe(run), flush=True)
         stopper.run = run
         result = training.train(run)
+    except training.CheckpointWriteError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
     except training.NonFiniteLossError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         if run.checkpoint is not None and run.checkpoint.last_path:

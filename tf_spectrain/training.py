@@ -27,7 +27,12 @@ import keras
 import tensorflow as tf
 
 from tf_spectrain import checkpoint_store, data, devices, models, modes, partition
-from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry, restore_checkpoint
+from tf_spectrain.callbacks import (
+    CheckpointWriteError,
+    PipelineCheckpoint,
+    Telemetry,
+    restore_checkpoint,
+)
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 

@@ -37,6 +37,12 @@ COMPARED = (
 )
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
+
+    located = True  # the message says what failed
+
+
 def _is_pipeline(trainer):
     return hasattr(trainer, "runners") and hasattr(trainer, "stages")
 
@@ -259,7 +265,16 @@ class PipelineCheckpoint(keras.callbacks.Callback):
             where = dict(epoch=epoch + 1, batch=0)
         else:
             where = dict(epoch=epoch, batch=done)
-        self.last_path = save(
-            trainer, self.directory, keep=self.keep, metadata=self.metadata, **where
-        )
+        try:
+            self.last_path = save(
+                trainer, self.directory, keep=self.keep, metadata=self.metadata, **where
+            )
+        except OSError as error:
+            newest = checkpoint_store.latest_checkpoint(self.directory)
+            raise CheckpointWriteError(
+                f"Could not write the checkpoint of epoch {where['epoch']}, mini-batch "
+                f"{where['batch']} to {self.directory}: {error}. Training stopped. The newest "
+                f"complete checkpoint is {newest or '(none)'}; free space (or fix the "
+                "permissions) and resume from it."
+            ) from error
         self.last_position = (where["epoch"], where["batch"])
