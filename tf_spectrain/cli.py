@@ -308,7 +308,8 @@ def _check_run_flags(args):
         )
     if args.export is not None and args.export != "none" and not args.export.endswith(".keras"):
         errors.append(
-            f"--export must be a file name ending in .keras (or 'none'). Received: --export {args.export}"
+            "--export must be a file name ending in .keras (or 'none'). "
+            f"Received: --export {args.export}"
         )
     return errors
 
@@ -355,7 +356,8 @@ def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     errors = [
-        f"{flag} was given more than once; give each flag once" for flag in repeated_flags(parser, argv)
+        f"{flag} was given more than once; give each flag once"
+        for flag in repeated_flags(parser, argv)
     ]
     errors += check_args(args)
     if errors:

@@ -67,7 +67,10 @@ def _parts(trainer):
     if not optimizer.built:
         with _scope(trainer):
             optimizer.build(trainer.trainable_variables)
-    return [("model/variables", list(trainer.variables)), ("model/optimizer", list(optimizer.variables))]
+    return [
+        ("model/variables", list(trainer.variables)),
+        ("model/optimizer", list(optimizer.variables)),
+    ]
 
 
 def _scope(model):
