@@ -16,3 +16,9 @@ NUM_DEVICES = 4
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     DEVICES = tf_spectrain.setup_devices(NUM_DEVICES)
+
+# Initialise TensorFlow now, with these 4 devices: otherwise the first test to call
+# setup_devices(n) itself (train.py in-process with --gpus 3, say) would configure n.
+import tensorflow as tf  # noqa: E402
+
+assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES

@@ -14,6 +14,12 @@ from tf_spectrain import cli, data, training
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_directory(tmp_path, monkeypatch):
+    """parse_args creates the default output dirs (runs/...): keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def parse_error(capsys, argv):
     with pytest.raises(SystemExit) as exc:
         cli.parse_args(argv)
@@ -64,8 +70,7 @@ def parse_error(capsys, argv):
         (["--gpus", "3", "--cuts", "a,b,c"], r"--cuts names 3 layers, which makes 4 stages, but --gpus is 3"),
     ],
 )
-def test_bad_flag_exits_2_with_message(capsys, argv, message, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a wrong check might create output dirs: keep them here
+def test_bad_flag_exits_2_with_message(capsys, argv, message):
     err = parse_error(capsys, argv)
     assert re.search(message, err), err
 
@@ -178,8 +183,7 @@ def test_last_mini_batch_too_small_for_micro_batches_fails_before_training(capsy
 
 
 @pytest.mark.parametrize("flag", ["--logdir", "--checkpoint-dir", "--export"])
-def test_unwritable_output_paths_fail_before_training(flag, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_unwritable_output_paths_fail_before_training(flag, capsys, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
     value = str(blocker / ("model.keras" if flag == "--export" else "sub"))
