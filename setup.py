@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     "test": ["pytest>=8,<10"],
     "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+    "bench": ["matplotlib>=3.8,<4"],  # the PNG plots of benchmarks/
 }
 
 setup(

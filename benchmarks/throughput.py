@@ -1,8 +1,14 @@
 """Throughput of every pipeline mode against single-device `model.fit`, measured side by side.
 
     python benchmarks/throughput.py                      # VGG16, batch 128, 4 stages
+    python benchmarks/throughput.py --stages 2,4         # one table per pipeline depth
     python benchmarks/throughput.py --quick              # a small CNN, for a smoke run
     python benchmarks/throughput.py --out docs/THROUGHPUT.md
+
+Besides images/s, each pipeline run reports every stage's utilisation over the timed epoch
+(time in its passes / the epoch's wall time), the measured bubble (1 - mean utilisation),
+and memory: the peak of each stage's device where TensorFlow can tell it (GPUs), and the
+process' peak resident memory (what a CPU run can tell).
 
 Each measurement runs in a fresh subprocess (TensorFlow's device and thread settings are
 fixed per process) on synthetic 32x32x3 images: one short warm-up fit (tracing), then one
@@ -109,19 +115,49 @@ def child(args):
         callbacks.append(tf_spectrain.callbacks.Telemetry(tempfile.mkdtemp(), prediction_every=10))
     trainer.fit(warm, epochs=1, verbose=0)
     stamps.clear()
+    for device in devices:
+        _reset_peak_memory(tf, device)
     trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
     steady = (args.steps - args.skip - 1) * args.batch_size / (stamps[-1] - stamps[args.skip + 1])
     whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
-    print(json.dumps({"steady": steady, "epoch": whole}))
+    out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb()}
+    out["device_peak_mb"] = [_peak_memory_mb(tf, d) for d in devices]
+    if hasattr(trainer, "runners"):
+        wall = trainer.epoch_seconds  # the whole epoch, drain included
+        busy = [sum(e - s for _, _, s, e in r.timeline) for r in trainer.runners]
+        out["utilisation"] = [b / wall for b in busy]
+        out["bubble"] = 1 - sum(out["utilisation"]) / len(busy)
+    print(json.dumps(out))
 
 
-def measure(name, args):
+def _reset_peak_memory(tf, device):
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+    except (ValueError, RuntimeError, AttributeError):
+        pass  # CPU devices keep no statistics
+
+
+def _peak_memory_mb(tf, device):
+    """The device's peak allocated memory in MB, or None where TensorFlow does not track it."""
+    try:
+        return tf.config.experimental.get_memory_info(device)["peak"] / 2**20
+    except (ValueError, RuntimeError, AttributeError):
+        return None
+
+
+def _peak_rss_mb():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def measure(name, args, stages):
     config = CONFIGS[name]
     cmd = [
         sys.executable, os.path.abspath(__file__), "--child",
         "--model", args.model, "--mode", config["mode"],
         "--target", config.get("target", "paper"),
-        "--stages", str(args.stages), "--batch-size", str(args.batch_size),
+        "--stages", str(stages), "--batch-size", str(args.batch_size),
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--skip", str(args.skip),
     ]
     if config.get("telemetry"):
@@ -134,22 +170,45 @@ def measure(name, args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _median_list(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    if not values:
+        return None
+    return [statistics.median(column) for column in zip(*values)]
+
+
+def _memory(runs):
+    devices = _median_list(runs, "device_peak_mb")
+    rss = statistics.median(r["rss_mb"] for r in runs)
+    if devices and all(d is not None for d in devices):
+        return " / ".join(f"{d:.0f}" for d in devices) + f" (process {rss:.0f})"
+    return f"process {rss:.0f}"
+
+
 def table(results, args, seconds):
-    base = statistics.median(r["steady"] for r in results["single"])
-    base_epoch = statistics.median(r["epoch"] for r in results["single"])
+    """Markdown: one row per configuration and depth, ratios to `single` of the same run."""
+    base_runs = results[("single", 1)]
+    base = statistics.median(r["steady"] for r in base_runs)
+    base_epoch = statistics.median(r["epoch"] for r in base_runs)
     lines = [
-        f"`{' '.join(sys.argv)}`: {args.model}, batch {args.batch_size}, {args.stages} stages, "
+        f"`{' '.join(sys.argv)}`: {args.model}, batch {args.batch_size}, "
         f"{args.steps} steps/epoch, median of {args.repeats} interleaved repeats, "
         f"{seconds / 60:.1f} min.",
         "",
-        "| configuration | images/s (steady) | ratio to single | images/s (whole epoch) | ratio |",
-        "|---|---|---|---|---|",
+        "| configuration | N | images/s (steady) | ratio to single | images/s (whole epoch) | "
+        "ratio | utilisation per stage | bubble | peak memory (MB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, runs in results.items():
+    for (name, n), runs in results.items():
         steady = statistics.median(r["steady"] for r in runs)
         epoch = statistics.median(r["epoch"] for r in runs)
+        util = _median_list(runs, "utilisation")
+        util_text = " / ".join(f"{u:.2f}" for u in util) if util else "-"
+        bubbles = [r["bubble"] for r in runs if "bubble" in r]
+        bubble = f"{statistics.median(bubbles):.2f}" if bubbles else "-"
         lines.append(
-            f"| {name} | {steady:.1f} | {steady / base:.2f} | {epoch:.1f} | {epoch / base_epoch:.2f} |"
+            f"| {name} | {n} | {steady:.1f} | {steady / base:.2f} | {epoch:.1f} | "
+            f"{epoch / base_epoch:.2f} | {util_text} | {bubble} | {_memory(runs)} |"
         )
     return "\n".join(lines)
 
@@ -157,7 +216,9 @@ def table(results, args, seconds):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="vgg16")
-    p.add_argument("--stages", type=int, default=4)
+    p.add_argument(
+        "--stages", default="4", help="pipeline depth(s), e.g. 4 or 2,4 (dp uses as many devices)"
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=16, help="mini-batches in the timed epoch")
     p.add_argument("--warmup", type=int, default=3, help="mini-batches of the warm-up fit")
@@ -181,7 +242,14 @@ def main():
     p.add_argument("--telemetry", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
+        args.stages = int(args.stages)
         return child(args)
+    try:
+        depths = [int(n) for n in args.stages.split(",")]
+    except ValueError:
+        p.error(f"--stages must be comma-separated integers such as 4 or 2,4; got {args.stages}")
+    if any(n < 1 for n in depths):
+        p.error(f"--stages must be integers >= 1; got {args.stages}")
     if args.quick:
         args.model, args.batch_size, args.steps, args.repeats = "small_cnn", 64, 8, 1
         args.skip = 2
@@ -192,11 +260,14 @@ def main():
     if args.skip + 2 > args.steps:
         p.error(f"--steps must exceed --skip + 1; got --steps {args.steps} --skip {args.skip}")
     start = time.perf_counter()
-    results = {n: [] for n in names}
+    runs = [(n, 1) if n == "single" else (n, d) for d in depths for n in names]
+    runs = list(dict.fromkeys(runs))  # single once
+    results = {run: [] for run in runs}
     for r in range(args.repeats):
-        for name in names:
-            results[name].append(measure(name, args))
-            print(f"round {r + 1}: {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+        for name, depth in runs:
+            results[(name, depth)].append(measure(name, args, depth))
+            print(f"round {r + 1}: {name} N={depth}: {results[(name, depth)][-1]}",
+                  file=sys.stderr, flush=True)
     text = table(results, args, time.perf_counter() - start)
     print(text)
     if args.out:

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One-command GPU check: throughput of the pipeline modes on real GPUs (or 4 logical GPUs
+# split from one) against single-device model.fit and data parallelism, and the cost
+# model's validation, in about 8 minutes; every table goes into one file.
+#
+#   bash benchmarks/gpu.sh                 # writes gpu-results-<host>-<date>.md
+#   bash benchmarks/gpu.sh results.md      # or there
+#
+# Needs an NVIDIA GPU with its driver (nvidia-smi) and the GPU build of TensorFlow:
+#   pip install -e ".[gpu]"
+# With fewer than 4 GPUs, tf_spectrain.setup_devices splits them into 4 logical GPUs
+# (stages then share a GPU: the table shows the machinery's cost, not a speed-up).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${1:-gpu-results-$(hostname)-$(date +%Y%m%d-%H%M).md}"
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu.sh: nvidia-smi not found: this script is for a machine with NVIDIA GPUs." >&2
+    echo "On a CPU-only machine use: python benchmarks/throughput.py --quick" >&2
+    exit 2
+fi
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+if [ "$GPUS" -lt 1 ]; then
+    echo "gpu.sh: nvidia-smi lists no GPU." >&2
+    exit 2
+fi
+python - <<'EOF'
+import sys
+import tensorflow as tf
+if not tf.config.list_physical_devices("GPU"):
+    sys.exit("gpu.sh: TensorFlow sees no GPU; install the GPU build: pip install -e '.[gpu]'")
+EOF
+
+{
+    echo "# tf_spectrain GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo
+    echo "GPUs (nvidia-smi):"
+    echo
+    echo '```'
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+    echo '```'
+    echo
+    echo "tensorflow $(python -c 'import tensorflow as tf; print(tf.__version__)'), $GPUS GPU(s)"
+    echo
+    echo "## Throughput (VGG16, batch 128, 4 stages)"
+    echo
+} > "$OUT"
+
+# About 5 minutes on one modern GPU: 7 configurations x 2 rounds, 24 timed steps each.
+python benchmarks/throughput.py --stages 4 --batch-size 128 --steps 24 --skip 4 --repeats 2 \
+    --configs single,dp,sync,stash,spectrain-consistent,spectrain-paper,vanilla \
+    --out "$OUT.throughput"
+cat "$OUT.throughput" >> "$OUT" && rm -f "$OUT.throughput"
+
+{
+    echo
+    echo "## Cost model validation and predicted speed-ups"
+    echo
+} >> "$OUT"
+python benchmarks/speedup.py --quick --out "$OUT.costmodel"
+cat "$OUT.costmodel" >> "$OUT" && rm -f "$OUT.costmodel"
+
+echo "gpu.sh: tables written to $OUT"
