@@ -334,10 +334,12 @@ def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
     assert resumed.shuffle_seed == whole.shuffle_seed
     resumed.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=info["epoch"], verbose=0)
     assert_same_state(state(whole), state(resumed))
-    # and the shuffling really changes the order between epochs (not a fixed order)
-    first = next(iter(whole._epoch_batches(x, y, BATCH, 0)))[1].numpy()
-    second = next(iter(whole._epoch_batches(x, y, BATCH, 1)))[1].numpy()
-    assert not np.array_equal(first, second)
+    # and the shuffling really changes the order from epoch to epoch, and between fit calls
+    orders = []
+    for _ in range(3):
+        orders.append(next(iter(whole._epoch_batches(x, y, BATCH)))[1].numpy())
+        whole.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
 
 
 @pytest.mark.parametrize(
@@ -403,3 +405,70 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
         train(pipe, 0, EPOCHS, callbacks=[checkpoint])
     assert calls == [1, 2]
     checkpoint_store.load_checkpoint(checkpoint_store.latest_checkpoint(tmp_path))
+
+
+def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(tmp_path, capsys, monkeypatch):
+    """Stopped after a few mini-batches of epoch 0, resumed: two fit segments, the same
+    weights as an uninterrupted run (sequential SGD), step numbers without a gap."""
+    from tf_spectrain import training
+    from tf_spectrain.callbacks import Telemetry
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    argv = CLI + ["--epochs", "2", "--mode", "sync", "--log-every", "1"]
+    assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
+    args = cli.parse_args(argv + ["--logdir", str(split)])
+    args.verbose = 0
+    run = training.prepare(args)
+
+    class StopSoon(Telemetry):
+        # Asked before the epoch begins, the pipeline feeds exactly one mini-batch.
+        def on_epoch_begin(self, epoch, logs=None):
+            super().on_epoch_begin(epoch, logs)
+            training.request_stop(run)
+
+    monkeypatch.setattr(training, "Telemetry", StopSoon)
+    result = training.train(run)
+    monkeypatch.undo()
+    epoch, done, total = result["stopped_at"]
+    assert result["interrupted"] and (epoch, done, total) == (0, 1, 4)
+    code, out = run_cli(argv + ["--logdir", str(split), "--resume"], capsys)
+    assert code == 0, out.err
+    assert f"at epoch 0, mini-batch {done} of 4" in out.out
+    assert "learning rate" not in out.out  # the same --lr: no note
+    a = keras.models.load_model(whole / "model.keras", compile=False)
+    b = keras.models.load_model(split / "model.keras", compile=False)
+    for x, y in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(x, y)
+    steps = sorted({s for s, _ in _tensor_scalars(split, "batch/loss")})
+    assert steps == list(range(8))
+
+
+def test_export_is_atomic(tmp_path, monkeypatch):
+    from tf_spectrain import training
+
+    model = tiny_model()
+    path = tmp_path / "model.keras"
+    training.export_model(model, str(path))
+    good = path.read_bytes()
+
+    def broken_save(self, filepath, *args, **kwargs):
+        with open(filepath, "wb") as f:
+            f.write(b"half a model")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(keras.Model, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        training.export_model(model, str(path))
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == ["model.keras"]
+
+
+def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_store, "save_checkpoint", full_disk)
+    code, out = run_cli(CLI + ["--epochs", "1", "--logdir", str(tmp_path / "run")], capsys)
+    assert code == 1
+    assert "Could not write the checkpoint of epoch 1, mini-batch 0" in out.err
+    assert "No space left on device" in out.err and "Traceback" not in out.err

@@ -352,3 +352,15 @@ def test_train_py_graph_and_histograms_only_on_request(tmp_path, capsys):
     train = tags["train"]
     assert "keras" in train["tensors"]  # the model's graph, as Keras' TensorBoard writes it
     assert any(t.endswith("/histogram") for t in train["tensors"])
+
+
+def test_one_telemetry_over_two_fits_numbers_steps_continuously(tmp_path):
+    """As train.py does when it resumes in the middle of an epoch: two fits, one callback."""
+    pipe = pipeline()
+    x, y = data()
+    telemetry = Telemetry(tmp_path, log_every=1, prediction_every=4, steps_per_epoch=12)
+    pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[telemetry])
+    pipe.fit(x, y, batch_size=8, epochs=2, initial_epoch=1, verbose=0, callbacks=[telemetry])
+    steps = [s for s, _ in read_scalars(tmp_path)["batch/loss"]]
+    assert steps == list(range(24))
+    assert {r["epoch"] for r in telemetry.predictions} == {0, 1}

@@ -484,8 +484,16 @@ def main(argv=None):
                 f"Stopped by {stopper.received} at {where}. Saved checkpoint "
                 f"{result['checkpoint']}.\nTo resume: {resume_command(argv, args)}{note}"
             )
-        else:
+        elif run.checkpoint is None:
             print(f"Stopped by {stopper.received} at {where}; checkpoints are off, nothing saved.")
+        else:
+            from tf_spectrain import checkpoint_store
+
+            newest = checkpoint_store.latest_checkpoint(args.checkpoint_dir)
+            print(
+                f"Stopped by {stopper.received} at {where}, before any training step; the newest "
+                f"checkpoint is {newest or '(none yet)'}.\nTo resume: {resume_command(argv, args)}"
+            )
         return 0
     if result.get("export"):
         print(f"trained model saved to {result['export']}")

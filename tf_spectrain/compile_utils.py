@@ -21,7 +21,11 @@ def resolve_loss(loss):
     # A name such as "mse" resolves to a function giving one loss per example; Keras'
     # compile wraps it to average over the batch, and so does the pipeline.
     name = getattr(resolved, "__name__", None) or str(loss)
-    return _BatchMean(resolved, name=name)
+    try:  # Keras' own wrapper also matches the ranks of labels and predictions
+        from keras.src.losses.losses import LossFunctionWrapper
+    except ImportError:  # pragma: no cover - a Keras without it
+        return _BatchMean(resolved, name=name)
+    return LossFunctionWrapper(resolved, name=name)
 
 
 class _BatchMean(keras.losses.Loss):

@@ -122,6 +122,7 @@ class PipelineModel:
         # The order of shuffled arrays in epoch e is a function of (shuffle_seed, e); drawn
         # from NumPy's global generator, so keras.utils.set_random_seed fixes it.
         self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
+        self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
 
     # --- compile ------------------------------------------------------------------------
 
@@ -213,18 +214,24 @@ class PipelineModel:
             ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
         return ds.batch(batch_size).prefetch(2)
 
-    def _epoch_batches(self, x, y, batch_size, epoch):
-        """Arrays shuffled for `epoch`: the order depends only on `shuffle_seed` and `epoch`,
-        so a run resumed from a checkpoint sees the epochs an uninterrupted one would."""
+    def _epoch_batches(self, x, y, batch_size):
+        """Arrays shuffled for the next epoch of this pipeline's life.
+
+        The order depends only on `shuffle_seed` and `epochs_trained` (both kept in
+        checkpoints), so a resumed run sees the epochs an uninterrupted one would, and
+        successive `fit` calls see new orders, as with Keras.
+        """
         batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         inputs = input_checks.model_inputs(self.model, x)
-        n = len(y)
-        order = np.random.default_rng([self.shuffle_seed, epoch]).permutation(n)
-        if isinstance(inputs, tuple):
-            inputs = tuple(np.asarray(part)[order] for part in inputs)
-        else:
-            inputs = np.asarray(inputs)[order]
-        ds = tf.data.Dataset.from_tensor_slices((inputs, np.asarray(y)[order]))
+        n = len(tf.nest.flatten(inputs)[0])
+        order = np.random.default_rng([self.shuffle_seed, self.epochs_trained]).permutation(n)
+
+        def permuted(part):
+            return np.asarray(part)[order]
+
+        inputs = tf.nest.map_structure(permuted, inputs)
+        labels = tf.nest.map_structure(permuted, y) if isinstance(y, (tuple, dict)) else permuted(y)
+        ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
         return ds.batch(batch_size).prefetch(2)
 
     @staticmethod
@@ -454,7 +461,7 @@ class PipelineModel:
             if epoch > initial_epoch:
                 self._push_weights()  # callbacks may have set the model's weights
             if per_epoch_order:
-                batches = iter(self._epoch_batches(x, y, batch_size, epoch))
+                batches = iter(self._epoch_batches(x, y, batch_size))
             else:
                 batches = iterator if iterator is not None else iter(ds)
             op_lists = self._op_lists(num_batches)
@@ -492,6 +499,7 @@ class PipelineModel:
             finally:
                 self._epoch_run = None
                 self.epoch_seconds = time.perf_counter() - started
+                self.epochs_trained += 1
                 self._pull_weights()
             logs = self._logs()
             cut_short = self.epoch_progress[1] < num_batches

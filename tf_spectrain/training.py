@@ -186,7 +186,7 @@ def _apply_learning_rate(trainer, lr):
     saved = float(keras.ops.convert_to_numpy(optimizers[0].learning_rate))
     for optimizer in optimizers:
         optimizer.learning_rate = lr
-    if saved != lr:
+    if not math.isclose(saved, lr, rel_tol=1e-6):  # the saved value is a float32
         print(f"--resume: learning rate {saved:g} in the checkpoint, {lr:g} from now on (--lr).")
 
 

@@ -125,7 +125,8 @@ def save(trainer, directory, *, epoch, batch=0, keep=3, metadata=None):
             arrays[f"{prefix}/{j}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
     meta = dict(describe_run(trainer), extra=dict(metadata or {}))
     if _is_pipeline(trainer):
-        meta["shuffle_seed"] = trainer.shuffle_seed  # the order of shuffled arrays, per epoch
+        # The order of shuffled arrays in the next epochs.
+        meta["shuffle_seed"], meta["epochs_trained"] = trainer.shuffle_seed, trainer.epochs_trained
     return checkpoint_store.save_checkpoint(
         directory, arrays, meta, epoch=epoch, batch=batch, keep=keep
     )
@@ -185,6 +186,7 @@ def restore_checkpoint(trainer, path, metadata=None):
         v.assign(value.astype(v.dtype) if hasattr(value, "astype") else value)
     if _is_pipeline(trainer) and "shuffle_seed" in saved:
         trainer.shuffle_seed = int(saved["shuffle_seed"])
+        trainer.epochs_trained = int(saved["epochs_trained"])
     if _is_pipeline(trainer):
         trainer._pull_weights()  # noqa: SLF001 - the wrapped model shows the restored weights
     return info

@@ -186,6 +186,7 @@ class Telemetry(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         started = time.perf_counter()
         self._writer = tf.summary.create_file_writer(self.logdir)
+        self._writers_by_tags = {}  # traced with the writer above: new ones for each fit
         with self._writer.as_default():
             # The first summary op of a process costs ~0.2 s of set-up: pay it here, once,
             # rather than in the first step's timing.

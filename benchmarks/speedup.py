@@ -1,0 +1,422 @@
+"""Predicted speedup of the SpecTrain pipeline over data parallelism on 4 GPUs, and a check
+of the cost model against what this machine can measure.
+
+    python benchmarks/speedup.py --quick                    # a smoke run of a few minutes
+    python benchmarks/speedup.py --out docs/speedup.md      # the full setting
+
+1. Profiles VGG16 and ResNet-50 (32x32x3 inputs, 10 classes, from the zoo) and a
+   transformer-sized text classifier (6 encoder layers, d_model 512, 8 heads, feed-forward
+   2048, sequence 128) layer by layer on this CPU (`tf_spectrain.costmodel.profile_model`),
+   each in its own process, which also measures the CPU's float32 matrix-product rate.
+2. Predicts images/s on 4 GPUs over PCIe 3.0 x16 and over NVLink for one GPU, data
+   parallelism (ring all-reduce every step; without and with overlap of the backward) and
+   the asynchronous pipeline (cuts chosen by `costmodel.best_cuts`; without recomputation,
+   as stashing and consistent SpecTrain run, and with it, as paper SpecTrain runs), and the
+   pipeline's speedup over data parallelism next to the paper's 8.91x. The profiled CPU
+   times stand in for GPU times, divided by `relative_speed = --gpu-tflops / CPU rate`.
+3. Validates the model here: the 4 logical CPU devices of this machine share 2 cores, so
+   their hardware description is measured (copy bandwidth and latency between two logical
+   devices, and how much the 4 devices compute at once: the concurrency), then single-device
+   `model.fit`, MirroredStrategy data parallelism and 4-stage pipelines are measured, each in
+   a fresh process, next to the model's prediction for the same cuts and batch.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PAPER_SPEEDUP = 8.91
+MODELS = ("vgg16", "resnet50", "transformer")
+CLASSES = {"vgg16": 10, "resnet50": 10, "transformer": 2}
+VALIDATION_CONFIGS = {
+    "single": dict(mode="single"),
+    "data parallel": dict(mode="dp"),
+    "pipeline, stash": dict(mode="stash", recompute=False),
+    "pipeline, spectrain (paper)": dict(mode="spectrain", recompute=True),
+}
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def transformer_classifier(seq_len=128, d_model=512, heads=8, ff=2048, depth=6, vocab=20000):
+    """A text classifier with a transformer encoder of realistic per-layer sizes.
+
+    Token and learned position embeddings, `depth` post-norm encoder layers
+    (`enc{i}_attention`, `enc{i}_add1`, `enc{i}_norm1`, `enc{i}_ff1`, `enc{i}_ff2`,
+    `enc{i}_add2`, `enc{i}_norm2`), mean pooling and a 2-class head: about 29M weights.
+    """
+    import keras
+    from keras import layers
+
+    class PositionEmbedding(layers.Layer):
+        """Adds a learned embedding of each position."""
+
+        def build(self, input_shape):
+            self.table = self.add_weight(
+                shape=tuple(input_shape[1:]), initializer="random_normal", name="table"
+            )
+
+        def call(self, x):
+            return x + self.table
+
+    tokens = keras.Input(shape=(seq_len,), dtype="int32", name="tokens")
+    x = layers.Embedding(vocab, d_model, name="token_embedding")(tokens)
+    x = PositionEmbedding(name="position_embedding")(x)
+    for i in range(1, depth + 1):
+        attended = layers.MultiHeadAttention(heads, d_model // heads, name=f"enc{i}_attention")(x, x)
+        x = layers.Add(name=f"enc{i}_add1")([x, attended])
+        x = layers.LayerNormalization(name=f"enc{i}_norm1")(x)
+        h = layers.Dense(ff, activation="relu", name=f"enc{i}_ff1")(x)
+        h = layers.Dense(d_model, name=f"enc{i}_ff2")(h)
+        x = layers.Add(name=f"enc{i}_add2")([x, h])
+        x = layers.LayerNormalization(name=f"enc{i}_norm2")(x)
+    x = layers.GlobalAveragePooling1D(name="pool")(x)
+    outputs = layers.Dense(2, name="predictions")(x)
+    return keras.Model(tokens, outputs, name="transformer")
+
+
+def build_model(name):
+    if name == "transformer":
+        return transformer_classifier()
+    import tf_spectrain
+
+    return tf_spectrain.models.get_model(name, (32, 32, 3), CLASSES[name])
+
+
+# --- children: one measurement per process ------------------------------------------------
+
+
+def matmul_flops(size=1024, repeats=10):
+    """Float32 matrix-product rate of this process's default device, in FLOP/s."""
+    import tensorflow as tf
+
+    a = tf.random.normal([size, size])
+    product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, a)))
+    product()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product().numpy()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
+
+
+def child_profile(args):
+    """Profiles one model on one device (default threads); prints the profile as JSON."""
+    from tf_spectrain import costmodel
+
+    model = build_model(args.model)
+    profile = costmodel.profile_model(model, args.batch_size, repeats=args.repeats)
+    print(json.dumps({"profile": profile.to_dict(), "cpu_flops": matmul_flops()}))
+
+
+def child_machine(args):
+    """Measures the 4 logical CPU devices' links and concurrency; prints JSON."""
+    import tf_spectrain
+    from tf_spectrain import costmodel
+
+    devices = tf_spectrain.setup_devices(args.stages)
+    bandwidth, latency = costmodel.measure_link(devices[0], devices[1])
+    concurrency = costmodel.measure_concurrency(devices)
+    print(json.dumps({"bandwidth": bandwidth, "latency": latency, "concurrency": concurrency}))
+
+
+def child_train(args):
+    """Times one epoch of training in one configuration; prints images/s as JSON."""
+    import tensorflow as tf
+
+    import tf_spectrain
+
+    n = 1 if args.mode == "single" else args.stages
+    devices = tf_spectrain.setup_devices(n) if n > 1 else ["/CPU:0"]
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    size = args.batch_size * args.steps
+    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size).astype("int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size).cache()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    trainer = _trainer(args, devices, loss)
+    stamps = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    trainer.fit(data.take(2), epochs=1, verbose=0)  # tracing
+    stamps.clear()
+    trainer.fit(data, epochs=1, verbose=0, callbacks=[Clock()])
+    skip = args.skip
+    steady = (args.steps - skip - 1) * args.batch_size / (stamps[-1] - stamps[skip + 1])
+    whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
+    print(json.dumps({"steady": steady, "epoch": whole}))
+
+
+def _trainer(args, devices, loss):
+    import keras
+    import tensorflow as tf
+
+    import tf_spectrain
+
+    if args.mode in ("single", "dp"):
+        strategy = tf.distribute.MirroredStrategy(devices) if args.mode == "dp" else None
+        with strategy.scope() if strategy else tf.device(devices[0]):
+            model = build_model(args.model)
+            model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss)
+        return model
+    trainer = tf_spectrain.PipelineModel(
+        build_model(args.model), cuts=args.cuts.split(","), devices=devices, mode=args.mode
+    )
+    trainer.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss)
+    return trainer
+
+
+def run_child(kind, **flags):
+    """Runs this script as a child measurement and returns its JSON result."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind]
+    for key, value in flags.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"child {kind} {flags} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- predictions for 4 GPUs ---------------------------------------------------------------
+
+
+def gpu_predictions(profile, hardware, args):
+    """Images/s of every way to train, on `hardware`, for one model."""
+    from tf_spectrain import costmodel
+
+    batch, epoch = args.gpu_batch, args.batches_per_epoch
+    row = {
+        "single": costmodel.predict_single(profile, hardware, batch),
+        "dp": costmodel.predict_data_parallel(profile, hardware, batch),
+        "dp, overlap": costmodel.predict_data_parallel(profile, hardware, batch, overlap=True),
+    }
+    for label, recompute in (("pipeline", False), ("pipeline, recompute", True)):
+        cuts = costmodel.best_cuts(profile, hardware, batch, recompute=recompute)
+        row[label] = costmodel.predict_pipeline(
+            profile, hardware, batch, cuts, num_batches=epoch, recompute=recompute
+        )
+        row[label + " cuts"] = cuts
+    return row
+
+
+def speedup_table(profiles, args):
+    from tf_spectrain import costmodel
+
+    lines = [
+        "| model | link | single | data parallel | dp, overlap | pipeline | pipeline, recompute "
+        "| pipeline / dp | pipeline / dp, overlap | paper |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for name, (profile, cpu_flops) in profiles.items():
+        speed = args.gpu_tflops * 1e12 / cpu_flops
+        for preset in (costmodel.PCIE3_X16, costmodel.NVLINK):
+            hw = preset.replace(relative_speed=speed)
+            row = gpu_predictions(profile, hw, args)
+            ips = {k: v.images_per_second for k, v in row.items() if not k.endswith("cuts")}
+            lines.append(
+                f"| {name} | {hw.name} | {ips['single']:.0f} | {ips['dp']:.0f} "
+                f"| {ips['dp, overlap']:.0f} | {ips['pipeline']:.0f} "
+                f"| {ips['pipeline, recompute']:.0f} | **{ips['pipeline'] / ips['dp']:.2f}x** "
+                f"| {ips['pipeline'] / ips['dp, overlap']:.2f}x | {PAPER_SPEEDUP}x |"
+            )
+            dp = row["dp"]
+            notes.append(
+                f"- {name}, {hw.name}: relative_speed {speed:.0f}; weights "
+                f"{profile.weight_bytes / 1e6:.1f} MB; dp all-reduce {dp.communication_seconds * 1e3:.1f} ms "
+                f"of {dp.seconds_per_batch * 1e3:.1f} ms per step "
+                f"({100 * dp.communication_seconds / dp.seconds_per_batch:.0f}%); pipeline cuts "
+                f"{row['pipeline cuts']}, bounding stage {row['pipeline'].compute_seconds * 1e3:.1f} ms "
+                f"compute + {row['pipeline'].communication_seconds * 1e3:.2f} ms hand-offs"
+            )
+    return lines + [""] + notes
+
+
+def sensitivity_table(profiles, args):
+    """Pipeline / data-parallel speedup as the assumed GPU speed varies (PCIe and NVLink)."""
+    from tf_spectrain import costmodel
+
+    rates = (2.5, 10.0, 40.0)
+    lines = [
+        "| model | link | " + " | ".join(f"{r:g} TFLOP/s" for r in rates) + " |",
+        "|---|---|" + "---|" * len(rates),
+    ]
+    for name, (profile, cpu_flops) in profiles.items():
+        for preset in (costmodel.PCIE3_X16, costmodel.NVLINK):
+            cells = []
+            for rate in rates:
+                hw = preset.replace(relative_speed=rate * 1e12 / cpu_flops)
+                row = gpu_predictions(profile, hw, args)
+                cells.append(f"{row['pipeline'].images_per_second / row['dp'].images_per_second:.2f}x")
+            lines.append(f"| {name} | {preset.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# --- validation on this machine -----------------------------------------------------------
+
+
+def validate(args, log):
+    """Measures training here and predicts it; returns the table's lines."""
+    from tf_spectrain import costmodel
+
+    result = run_child("profile", model="vgg16", batch_size=args.batch_size, repeats=args.repeats)
+    profile = costmodel.ModelProfile.from_dict(result["profile"])
+    machine = run_child("machine", stages=4)
+    log(f"validation profile and machine: {profile}, {machine}")
+    hw = costmodel.Hardware(
+        num_gpus=4, relative_speed=1.0, bandwidth=machine["bandwidth"],
+        latency=machine["latency"], concurrency=machine["concurrency"],
+        name="4 logical CPUs on 2 cores",
+    )
+    cuts = costmodel.best_cuts(profile, hw, args.batch_size)
+    names = ["single", "pipeline, stash"] if args.quick else list(VALIDATION_CONFIGS)
+    measured = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            config = VALIDATION_CONFIGS[name]
+            measured[name].append(run_child(
+                "train", model="vgg16", mode=config["mode"], stages=4, cuts=",".join(cuts),
+                batch_size=args.batch_size, steps=args.steps, skip=args.skip,
+            ))
+            log(f"round {r + 1}: {name}: {measured[name][-1]}")
+    predicted = {n: _predict_here(n, profile, hw, cuts, args) for n in names}
+    lines = [
+        f"Hardware model of this machine (measured): bandwidth {hw.bandwidth / 1e9:.2f} GB/s, "
+        f"latency {hw.latency * 1e6:.0f} us, concurrency {hw.concurrency:.2f} of 4 devices. "
+        f"VGG16, batch {args.batch_size}, {args.steps} mini-batches per epoch, cuts {cuts}; "
+        f"profiled forward {profile.forward_time:.3f} s + backward {profile.backward_time:.3f} s "
+        "per batch.",
+        "",
+        "| configuration | predicted steady | measured steady | error | predicted epoch "
+        "| measured epoch | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        steady = statistics.median(m["steady"] for m in measured[name])
+        epoch = statistics.median(m["epoch"] for m in measured[name])
+        p_steady, p_epoch = predicted[name]
+        lines.append(
+            f"| {name} | {p_steady:.1f} | {steady:.1f} | {_error(p_steady, steady)} "
+            f"| {p_epoch:.1f} | {epoch:.1f} | {_error(p_epoch, epoch)} |"
+        )
+    return lines
+
+
+def _predict_here(name, profile, hw, cuts, args):
+    """Predicted (steady, whole-epoch) images/s of one validation configuration."""
+    from tf_spectrain import costmodel
+
+    config = VALIDATION_CONFIGS[name]
+    batch = args.batch_size
+    if config["mode"] == "single":
+        ips = costmodel.predict_single(profile, hw, batch).images_per_second
+        return ips, ips
+    if config["mode"] == "dp":
+        ips = costmodel.predict_data_parallel(profile, hw, batch).images_per_second
+        return ips, ips
+    recompute = config["recompute"]
+    steady = costmodel.predict_pipeline(profile, hw, batch, cuts, recompute=recompute)
+    epoch = costmodel.predict_pipeline(
+        profile, hw, batch, cuts, num_batches=args.steps, recompute=recompute
+    )
+    return steady.images_per_second, epoch.images_per_second
+
+
+def _error(predicted, measured):
+    return f"{100 * (predicted - measured) / measured:+.0f}%"
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="batch 8, 2 repeats, short validation (single and stash only)")
+    p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="profiling and validation batch size")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per layer function")
+    p.add_argument("--gpu-batch", type=int, default=128, help="global batch on the 4 GPUs")
+    p.add_argument("--batches-per-epoch", type=int, default=391,
+                   help="mini-batches per epoch for the pipeline's fill and drain (CIFAR-10)")
+    p.add_argument("--gpu-tflops", type=float, default=10.0,
+                   help="float32 matrix-product rate assumed for one GPU, in TFLOP/s")
+    p.add_argument("--steps", type=int, default=10, help="mini-batches per validation epoch")
+    p.add_argument("--skip", type=int, default=4, help="first mini-batches left out (fill)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved validation repeats")
+    p.add_argument("--skip-validation", action="store_true")
+    # Child-only flags.
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model", default="vgg16", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="single", help=argparse.SUPPRESS)
+    p.add_argument("--stages", type=int, default=4, help=argparse.SUPPRESS)
+    p.add_argument("--cuts", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.quick:
+        args.batch_size, args.repeats, args.steps, args.skip, args.rounds = 8, 2, 6, 2, 1
+    if args.steps < args.skip + 2:
+        p.error(f"--steps must exceed --skip + 1; got --steps {args.steps} --skip {args.skip}")
+    return args
+
+
+def main():
+    args = parse_args()
+    if args.child:
+        return {"profile": child_profile, "machine": child_machine, "train": child_train}[
+            args.child
+        ](args)
+
+    from tf_spectrain import costmodel
+
+    start = time.perf_counter()
+
+    def log(message):
+        print(f"[{time.perf_counter() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    profiles = {}
+    for name in MODELS:
+        result = run_child("profile", model=name, batch_size=args.batch_size, repeats=args.repeats)
+        profiles[name] = (costmodel.ModelProfile.from_dict(result["profile"]), result["cpu_flops"])
+        log(f"profiled {name}: {profiles[name][0]}, CPU {result['cpu_flops'] / 1e9:.0f} GFLOP/s")
+    command = " ".join(["python", "benchmarks/speedup.py"] + sys.argv[1:])
+    text = [
+        f"`{command}`",
+        "",
+        f"Predicted images/s on 4 GPUs, global batch {args.gpu_batch}, pipeline epochs of "
+        f"{args.batches_per_epoch} mini-batches (fill and drain included); GPU at "
+        f"{args.gpu_tflops:g} TFLOP/s, profiled at batch {args.batch_size}:",
+        "",
+    ]
+    text += speedup_table(profiles, args)
+    text += ["", "Pipeline / data parallel (no overlap) for other GPU speeds:", ""]
+    text += sensitivity_table(profiles, args)
+    if not args.skip_validation:
+        text += ["", "Validation on this machine (images/s):", ""]
+        text += validate(args, log)
+    text += ["", f"Total {(time.perf_counter() - start) / 60:.1f} min."]
+    print("\n".join(text))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(text) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""A cost model of pipelined and data-parallel training on multi-device machines.
+
+It predicts one training iteration, and images/s, from per-layer compute times, activation
+and weight sizes, the cut points and a `Hardware` description, for one device, data
+parallelism (ring all-reduce every step) and the asynchronous SpecTrain pipeline (1F1B).
+Everything here is pure Python except `profile_model`, which measures a Keras model with
+TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
+
+    profile = costmodel.profile_model(model, batch_size=32)
+    gpus = costmodel.PCIE3_X16.replace(relative_speed=150.0)
+    cuts = costmodel.best_cuts(profile, gpus, batch_size=128)
+    dp = costmodel.predict_data_parallel(profile, gpus, 128)
+    pipe = costmodel.predict_pipeline(profile, gpus, 128, cuts, num_batches=391)
+    print(pipe.images_per_second / dp.images_per_second)
+"""
+
+from tf_spectrain.costmodel.hardware import NVLINK, PCIE3_X16, Hardware
+from tf_spectrain.costmodel.planning import best_cuts
+from tf_spectrain.costmodel.predict import (
+    Estimate,
+    pipeline_times,
+    predict_data_parallel,
+    predict_pipeline,
+    predict_single,
+)
+from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile, StageCost
+from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
+
+_MEASURING = ("profile_model", "measure_link", "measure_concurrency")
+
+
+def __getattr__(name):
+    # The measuring functions need TensorFlow; import them only when asked for.
+    if name in _MEASURING:
+        from tf_spectrain.costmodel import measure
+
+        return getattr(measure, name)
+    raise AttributeError(f"module 'tf_spectrain.costmodel' has no attribute {name!r}")
+
+
+__all__ = [
+    "Estimate",
+    "Hardware",
+    "LayerProfile",
+    "ModelProfile",
+    "NVLINK",
+    "PCIE3_X16",
+    "StageCost",
+    "best_cuts",
+    "measure_concurrency",
+    "measure_link",
+    "pipeline_times",
+    "predict_data_parallel",
+    "predict_pipeline",
+    "predict_single",
+    "profile_model",
+    "simulate_epoch",
+    "steady_cycle",
+]

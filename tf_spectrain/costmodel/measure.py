@@ -1,0 +1,258 @@
+"""Measurements on this machine for the cost model (needs TensorFlow).
+
+- `profile_model`: per-layer forward and backward times of a Keras model, with its
+  activation and weight sizes, as a `ModelProfile`.
+- `measure_link`: bandwidth and latency of a copy between two devices.
+- `measure_concurrency`: how many devices can compute at full speed at once.
+
+The times are what this machine measures. On a CPU-only machine they stand in for GPU
+times: `Hardware.relative_speed` scales them, uniformly, which ignores that a GPU speeds up
+some layers (large convolutions and matrix products) more than others (small or
+memory-bound ones such as BatchNorm and activations).
+"""
+
+import contextlib
+import statistics
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_spectrain import partition
+from tf_spectrain.costmodel import _checks
+from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
+
+
+def _sync():
+    """Waits for queued device work (GPU kernels run asynchronously; CPU ops do not)."""
+    if tf.config.list_logical_devices("GPU"):
+        tf.test.experimental.sync_devices()
+
+
+def _median_seconds(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _example_inputs(model, batch_size, seed):
+    """A random batch for each model input: normal floats, zeros for integer inputs."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for t in model.inputs:
+        shape = (batch_size,) + tuple(t.shape[1:])
+        dtype = tf.as_dtype(t.dtype)
+        if dtype.is_floating:
+            values.append(tf.constant(rng.normal(size=shape), dtype=dtype))
+        else:  # token ids: 0 is valid for any vocabulary
+            values.append(tf.zeros(shape, dtype=dtype))
+    return values
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _one_or_list(xs):
+    return xs[0] if len(xs) == 1 else list(xs)
+
+
+def _bytes_per_example(tensors):
+    return sum(int(np.prod(t.shape[1:])) * t.dtype.size for t in tensors)
+
+
+def _layer_functions(stage):
+    """A forward and a forward-plus-backward `tf.function` for one one-layer stage."""
+
+    @tf.function
+    def forward(inputs):
+        return stage(_one_or_list(inputs), training=True)
+
+    @tf.function
+    def forward_backward(inputs, upstream):
+        watched = [x for x in inputs if x.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            outputs = _as_list(stage(_one_or_list(inputs), training=True))
+        sources = list(stage.trainable_variables) + watched
+        if not sources:
+            return outputs
+        return tape.gradient(outputs, sources, output_gradients=upstream)
+
+    return forward, forward_backward
+
+
+def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
+    """Measures each layer's forward and backward time and its tensor sizes.
+
+    The model is split after every layer (`tf_spectrain.partition.split_model`), so layer
+    `p`'s stage receives exactly what crosses a cut before it and sends what crosses a
+    cut after it (in a residual block, also the tensors that skip the layer). The layers
+    run in order on one random batch (`training=True`, so BatchNorm uses batch statistics
+    and updates its moving ones, as in training). For each layer a `tf.function` of its
+    forward and one of its forward plus backward (gradients of its trainable weights and
+    of its floating-point inputs, for a random upstream gradient) are timed `repeats` times
+    after `warmup` calls; the backward time is the difference of the medians (at least 0).
+
+    Times of separate per-layer calls add the per-call overhead of TensorFlow (tens of
+    microseconds per call) and miss fusion across layers, so their sum can differ from a
+    whole-model step; `benchmarks/speedup.py` reports the difference.
+
+    Args:
+        model: a functional `keras.Model` or built `keras.Sequential` (every layer called
+            once).
+        batch_size: examples per timed batch, an int >= 1.
+        repeats: timed calls per function, an int >= 1; the median counts.
+        warmup: untimed calls first (tracing, allocation), an int >= 0.
+        seed: seed of the random batch and upstream gradients.
+        device: optional device name to run on, e.g. `"/CPU:0"` or `"/GPU:0"`.
+
+    Returns:
+        A `ModelProfile` named after the model, one `LayerProfile` per layer in
+        topological order, at `batch_size`.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments, or a model that
+            `tf_spectrain.partition` cannot split (e.g. shared layers).
+    """
+    batch_size = _checks.check_int("batch_size", batch_size, "examples per timed batch")
+    repeats = _checks.check_int("repeats", repeats, "timed calls per function")
+    warmup = _checks.check_int("warmup", warmup, "untimed calls first", minimum=0)
+    names = list(partition.describe_stages(model, [])[0].layer_names)
+    stages = partition.split_model(model, names[:-1])
+    rng = np.random.default_rng(seed + 1)
+    layers = []
+    with tf.device(device) if device else contextlib.nullcontext():
+        inputs = _example_inputs(model, batch_size, seed)
+        for name, stage in zip(names, stages):
+            forward, forward_backward = _layer_functions(stage)
+            outputs = _as_list(forward(inputs))
+            upstream = [
+                tf.constant(rng.normal(size=o.shape), dtype=o.dtype)
+                if o.dtype.is_floating else None
+                for o in outputs
+            ]
+            for _ in range(warmup):
+                forward(inputs)
+                forward_backward(inputs, upstream)
+            _sync()
+            fwd = _median_seconds(lambda: forward(inputs), repeats)
+            both = _median_seconds(lambda: forward_backward(inputs, upstream), repeats)
+            layers.append(
+                LayerProfile(
+                    name=name,
+                    forward_time=fwd,
+                    backward_time=max(0.0, both - fwd),
+                    output_bytes=float(_bytes_per_example(outputs)),
+                    weight_bytes=float(
+                        sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                            for v in stage.trainable_variables)
+                    ),
+                )
+            )
+            inputs = outputs
+    return ModelProfile(layers, batch_size, name=model.name)
+
+
+def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repeats=7):
+    """Measures a copy from one device to another: `(bandwidth, latency)`.
+
+    Times a `tf.function` that copies a float32 tensor living on `source` to `target`
+    (and reduces it there to one number, so the copy cannot be skipped), for a small and a
+    large tensor, and fits `time = latency + bytes / bandwidth` through the two medians.
+    When the large copy is no slower than the small one (devices sharing memory may not
+    copy at all), the bandwidth is `math.inf`.
+
+    Args:
+        source, target: device names, e.g. `"/CPU:0"`, `"/CPU:1"`.
+        small_bytes, large_bytes: tensor sizes, ints with `4 <= small < large`.
+        repeats: timed calls per size, an int >= 1.
+
+    Returns:
+        A tuple `(bandwidth, latency)` in bytes/s and seconds, for `Hardware`.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments.
+    """
+    small = _checks.check_int("small_bytes", small_bytes, "bytes", minimum=4)
+    large = _checks.check_int("large_bytes", large_bytes, "bytes", minimum=small + 1)
+    repeats = _checks.check_int("repeats", repeats, "timed calls per size")
+    for name, value in (("source", source), ("target", target)):
+        if not isinstance(value, str):
+            raise TypeError(f"`{name}` must be a device name string. Received: {name}={value!r}")
+
+    @tf.function
+    def copy(x):
+        with tf.device(target):
+            return tf.reduce_sum(x[:1])  # the whole tensor moves before the slice
+
+    seconds = []
+    for size in (small, large):
+        with tf.device(source):
+            x = tf.ones([size // 4], tf.float32) + 0.0
+        copy(x)
+        seconds.append(_median_seconds(lambda: copy(x).numpy(), repeats))
+    slope = (seconds[1] - seconds[0]) / (large - small)
+    if slope <= 0:
+        return float("inf"), max(0.0, min(seconds))
+    return 1.0 / slope, max(0.0, seconds[0] - small * slope)
+
+
+def measure_concurrency(devices, size=384, iterations=20, repeats=3):
+    """Measures how many of `devices` can compute at full speed at the same time.
+
+    Runs the same matrix-product workload once on `devices[0]` alone and then on every
+    device at once, from one Python thread per device (as the pipeline runtime does), and
+    returns `len(devices) * alone / together`: `len(devices)` for independent devices,
+    about 1 for logical devices that share the cores one of them already keeps busy.
+
+    Args:
+        devices: a list of at least 2 device names.
+        size: side of the square matrices, an int >= 1.
+        iterations: products per workload, an int >= 1.
+        repeats: timed runs; the median counts.
+
+    Returns:
+        The concurrency, a float in `(0, len(devices)]`.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments.
+    """
+    if not isinstance(devices, (list, tuple)) or len(devices) < 2:
+        raise ValueError(
+            f"`devices` must be a list of at least 2 device names. Received: devices={devices!r}"
+        )
+    size = _checks.check_int("size", size, "matrix side")
+    iterations = _checks.check_int("iterations", iterations, "products per workload")
+    repeats = _checks.check_int("repeats", repeats, "timed runs")
+    work = []
+    for device in devices:
+        with tf.device(device):
+            a = tf.random.normal([size, size], seed=1)
+
+            @tf.function
+            def run(a=a, device=device):
+                with tf.device(device):
+                    x = a
+                    for _ in range(iterations):
+                        x = tf.tanh(tf.matmul(x, a) / size)
+                    return tf.reduce_sum(x)
+
+        run()
+        work.append(run)
+
+    def together():
+        threads = [threading.Thread(target=lambda f=f: f().numpy()) for f in work]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    alone = _median_seconds(lambda: work[0]().numpy(), repeats)
+    both = _median_seconds(together, repeats)
+    return min(float(len(devices)), len(devices) * alone / both)
