@@ -1,26 +1,28 @@
-"""Shared pieces of the accuracy and prediction benchmarks.
+"""Shared pieces of the accuracy and prediction benchmarks (`accuracy.py`, `prediction.py`).
 
-- `vgg_narrow`: the VGG16 layer pattern with narrow widths, fast enough for a 2-core CPU.
-- `layer_costs` / `balanced_cuts`: cut points balanced by a multiply-accumulate estimate.
-- `RunSpec` and `train_run`: one training run (any mode) on the embedded digits set, with
-  the test accuracy and training loss of every epoch.
-- `summarise`, `markdown_table`: statistics over seeds and the tables of docs/RESULTS.md.
+- `prepare_tensorflow`: quiet logs, one intra-op thread, logical devices; before any op.
+- Models for a 2-core CPU: `vgg_narrow` (the VGG16 layer pattern, widths / 8) and
+  `resnet20_digits` (ResNet-20 on 16x16 inputs); `build_model` by name.
+- `balanced_cuts`: pipeline cuts balanced by a multiply-accumulate estimate.
+- `RunSpec` and `Runner`: training runs on the embedded digits set; a `Runner` builds one
+  trainer per (model, configuration, stages) and reuses it, reset to the run's initial
+  weights and a fresh optimizer, for every seed and learning rate (no retracing).
+- `summarise`, `markdown_table`, JSON-lines records and argparse types.
 
-TensorFlow is imported lazily (inside functions), so that a script can parse its arguments
-and call `tf_spectrain.setup_devices` before any TensorFlow op.
+TensorFlow is imported inside functions, so a script can parse its arguments and set up
+its devices before TensorFlow starts.
 """
 
+import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
 import statistics
 import time
 
-PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
-BASELINE_MODES = ("single", "dp")
-
-# The configurations the benchmarks compare: label -> (mode, spectrain target).
+# The configurations compared: label -> (mode, SpecTrain target).
 CONFIGS = {
     "single": ("single", "paper"),
     "dp": ("dp", "paper"),
@@ -30,35 +32,50 @@ CONFIGS = {
     "spectrain-paper": ("spectrain", "paper"),
     "spectrain-consistent": ("spectrain", "consistent"),
 }
+BASELINES = ("single", "dp")
+
+DATASET = "digits"
+NUM_CLASSES = 10
+INPUT_SHAPE = (32, 32, 3)
 
 # VGG16's filters per convolution in each block, and its fully connected width.
 _VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
 _VGG16_FC = 512
-
-DATASET = "digits"
-
-
-def quiet_tensorflow():
-    """Silences TensorFlow's C++ log lines (call before importing TensorFlow)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+_RESNET20_FILTERS = (16, 32, 64)
 
 
-def setup_devices(n):
-    """Splits the CPU (or GPUs) into `n` logical devices, without the warning.
+# --- TensorFlow set-up -------------------------------------------------------------------
+
+
+def prepare_tensorflow(num_devices, intra_op_threads=1):
+    """Quiets TensorFlow, sets its intra-op threads and splits the CPU into devices.
+
+    One intra-op thread per op suits these small models: the runs measured here are
+    deterministic with it, and faster (the stages' threads, not one op, use the cores).
+    If TensorFlow has already started (a test process), its threads stay as they are.
 
     Args:
-        n: the number of devices, an int >= 1.
+        num_devices: logical devices wanted, an int >= 1.
+        intra_op_threads: threads per op (0: TensorFlow's default).
 
     Returns:
-        The list of device names from `tf_spectrain.setup_devices`.
+        The device names from `tf_spectrain.setup_devices`.
     """
     import warnings
 
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
     import tf_spectrain
 
+    if intra_op_threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+        except RuntimeError:
+            pass  # TensorFlow already runs (e.g. under pytest): keep its threads
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tf_spectrain.setup_devices(n)
+        return tf_spectrain.setup_devices(num_devices)
 
 
 # --- models ------------------------------------------------------------------------------
@@ -67,15 +84,15 @@ def setup_devices(n):
 def vgg_narrow(input_shape, num_classes, divisor=8):
     """Builds the VGG16 layer pattern with every width divided by `divisor`.
 
-    Thirteen 3x3 convolutions (no bias, each followed by BatchNorm and ReLU) in five blocks
-    with a 2x2 max-pool after each, then `flatten`, `fc1`, `fc2` (ReLU) and `predictions`.
-    Layer names are VGG16's (`block3_conv2`, `block3_bn2`, `block3_relu2`, `block3_pool`).
+    Thirteen 3x3 convolutions (no bias, each followed by BatchNorm and ReLU) in five blocks,
+    a 2x2 max-pool after each block, then `flatten`, `fc1`, `fc2` (ReLU) and
+    `predictions`. Layer names are VGG16's (`block3_conv2`, `block3_bn2`, `block3_pool`).
+    With `divisor=8`: 8 to 64 filters, 64 dense units, 0.24M weights.
 
     Args:
         input_shape: `(height, width, channels)`, height and width >= 32.
         num_classes: the number of classes.
-        divisor: an int >= 1 that divides every filter count and the dense width
-            (8: 8 to 64 filters, 64 dense units).
+        divisor: an int >= 1 dividing every filter count and the dense width.
 
     Returns:
         A functional `keras.Model` named `vgg16_div<divisor>` that outputs logits.
@@ -109,26 +126,71 @@ def vgg_narrow(input_shape, num_classes, divisor=8):
     return keras.Model(inputs, outputs, name=f"vgg16_div{divisor}")
 
 
-def narrow_resnet(input_shape, num_classes):
-    """ResNet-20's layout (3 stages of 3 basic blocks) with half its widths (8, 16, 32)."""
-    from tf_spectrain.models import resnet
+def _basic_block(x, filters, stride, name):
+    from keras import layers
 
-    saved = resnet.CIFAR_STAGE_FILTERS
-    resnet.CIFAR_STAGE_FILTERS = (8, 16, 32)
-    try:
-        return resnet.cifar_resnet(input_shape, num_classes, 3, name="resnet20_half")
-    finally:
-        resnet.CIFAR_STAGE_FILTERS = saved
+    from tf_spectrain.models.common import batch_norm
+
+    conv = dict(padding="same", use_bias=False, kernel_initializer="he_normal")
+    y = layers.Conv2D(filters, 3, strides=stride, name=f"{name}_conv1", **conv)(x)
+    y = batch_norm(f"{name}_bn1")(y)
+    y = layers.Activation("relu", name=f"{name}_relu1")(y)
+    y = layers.Conv2D(filters, 3, name=f"{name}_conv2", **conv)(y)
+    y = batch_norm(f"{name}_bn2")(y)
+    shortcut = x
+    if stride != 1 or x.shape[-1] != filters:
+        shortcut = layers.Conv2D(filters, 1, strides=stride, name=f"{name}_shortcut_conv", **conv)(x)
+        shortcut = batch_norm(f"{name}_shortcut_bn")(shortcut)
+    y = layers.Add(name=f"{name}_add")([y, shortcut])
+    return layers.Activation("relu", name=f"{name}_out")(y)
 
 
-def build_model(name, input_shape=(32, 32, 3), num_classes=10):
-    """Builds a benchmark model by name.
+def resnet20_digits(input_shape, num_classes):
+    """ResNet-20 (He et al.'s CIFAR layout and widths) on images halved to 16x16.
+
+    `downsample` (2x2 average pooling) comes first; then the layers of
+    `tf_spectrain.models`' `resnet20`, with its names (`conv1`, `stage2_block1_out`,
+    `avg_pool`, `predictions`). The digits are 8x8 images upscaled to 32x32, so halving
+    loses nothing, and a step costs 0.07 s instead of 0.26 s on this CPU.
 
     Args:
-        name: `"vgg"` (`vgg_narrow`, widths / 8), `"resnet20"` (the zoo's ResNet-20) or
-            `"resnet20_half"` (`narrow_resnet`).
-        input_shape: one image's shape.
+        input_shape: `(height, width, channels)`, height and width >= 32.
         num_classes: the number of classes.
+
+    Returns:
+        A functional `keras.Model` named `resnet20_digits` that outputs logits.
+    """
+    import keras
+    from keras import layers
+
+    from tf_spectrain.models.common import batch_norm
+
+    inputs = keras.Input(shape=tuple(input_shape), name="input")
+    x = layers.AveragePooling2D(2, name="downsample")(inputs)
+    x = layers.Conv2D(
+        _RESNET20_FILTERS[0], 3, padding="same", use_bias=False,
+        kernel_initializer="he_normal", name="conv1",
+    )(x)
+    x = batch_norm("bn1")(x)
+    x = layers.Activation("relu", name="relu1")(x)
+    for stage, filters in enumerate(_RESNET20_FILTERS, start=1):
+        for block in range(1, 4):
+            stride = 2 if stage > 1 and block == 1 else 1
+            x = _basic_block(x, filters, stride, f"stage{stage}_block{block}")
+    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    outputs = layers.Dense(num_classes, name="predictions")(x)
+    return keras.Model(inputs, outputs, name="resnet20_digits")
+
+
+MODEL_NAMES = ("vgg", "resnet20", "small_cnn")
+
+
+def build_model(name):
+    """Builds a benchmark model for digits by name.
+
+    Args:
+        name: `"vgg"` (`vgg_narrow`), `"resnet20"` (`resnet20_digits`) or `"small_cnn"`
+            (the zoo's two-block CNN, for smoke tests).
 
     Returns:
         A functional `keras.Model` that outputs logits.
@@ -137,19 +199,14 @@ def build_model(name, input_shape=(32, 32, 3), num_classes=10):
         ValueError: for an unknown name.
     """
     if name == "vgg":
-        return vgg_narrow(input_shape, num_classes)
-    if name == "resnet20_half":
-        return narrow_resnet(input_shape, num_classes)
+        return vgg_narrow(INPUT_SHAPE, NUM_CLASSES)
     if name == "resnet20":
+        return resnet20_digits(INPUT_SHAPE, NUM_CLASSES)
+    if name == "small_cnn":
         import tf_spectrain
 
-        return tf_spectrain.models.get_model("resnet20", input_shape, num_classes)
-    raise ValueError(
-        f"`model` must be one of {list(MODEL_NAMES)}. Received: model={name!r}"
-    )
-
-
-MODEL_NAMES = ("vgg", "resnet20", "resnet20_half")
+        return tf_spectrain.models.get_model("small_cnn", INPUT_SHAPE, NUM_CLASSES)
+    raise ValueError(f"`model` must be one of {list(MODEL_NAMES)}. Received: model={name!r}")
 
 
 # --- balanced cuts -----------------------------------------------------------------------
@@ -162,16 +219,15 @@ def _size(shape):
 def layer_costs(model):
     """A per-layer compute estimate, in multiply-accumulates per example.
 
-    Convolutions and dense layers count `outputs * fan_in`; every other layer counts a few
-    operations per output element (BatchNorm 4, others 1), which matters for narrow
-    networks, where those layers take a visible share of the time.
+    Convolutions and dense layers count `outputs * fan_in`; every other layer a few
+    operations per output element (BatchNorm 4, the others 1).
 
     Args:
         model: a functional `keras.Model`.
 
     Returns:
-        `(names, costs, allowed)`: the layer names in graph order, their costs, and the
-        positions after which exactly one tensor crosses (where a stage may end).
+        `(names, costs, weighted)`: the layer names in graph order, their costs, and
+        whether each layer has weights.
     """
     import keras
 
@@ -191,9 +247,37 @@ def layer_costs(model):
             costs.append(4 * out)
         else:
             costs.append(out)
+    weighted = [call.count_params() > 0 for call in graph.calls]
+    return graph.names, costs, weighted
+
+
+def cut_candidates(model):
+    """Positions where a stage may end: one tensor crosses, and every stage gets weights.
+
+    Of consecutive candidates with no weighted layer between them the last is kept (a
+    cut after the pooling rather than before it), and a candidate is dropped when no
+    weighted layer follows it: a stage without weights has nothing to train.
+
+    Returns:
+        A sorted list of positions into the model's layer order (see `layer_costs`).
+    """
+    from tf_spectrain.partition.graph import read_graph
+
+    graph = read_graph(model)
+    _, _, weighted = layer_costs(model)
     last = len(graph.calls) - 1
-    allowed = [p for p in range(last) if len(graph.crossing(p)) == 1]
-    return graph.names, costs, allowed
+    kept = []
+    for p in range(last):
+        if len(graph.crossing(p)) != 1:
+            continue
+        start = kept[-1] + 1 if kept else 0
+        if kept and not any(weighted[start : p + 1]):
+            kept[-1] = p  # nothing to train between the two: cut at the later one
+        elif any(weighted[start : p + 1]):
+            kept.append(p)
+    while kept and not any(weighted[kept[-1] + 1 :]):
+        kept.pop()
+    return kept
 
 
 def balanced_cuts(model, num_stages):
@@ -205,33 +289,36 @@ def balanced_cuts(model, num_stages):
 
     Returns:
         `(cuts, shares)`: the cut layer names, and each stage's share of the total cost.
+
+    Raises:
+        ValueError: if the model has too few cut candidates (see `cut_candidates`).
     """
     from tf_spectrain.partition import plan_cuts
 
-    names, costs, allowed = layer_costs(model)
-    positions = plan_cuts(costs, num_stages, allowed)
+    names, costs, _ = layer_costs(model)
+    positions = plan_cuts(costs, num_stages, cut_candidates(model))
     bounds = [-1] + positions + [len(costs) - 1]
     total = float(sum(costs))
     shares = [sum(costs[a + 1 : b + 1]) / total for a, b in zip(bounds, bounds[1:])]
     return [names[p] for p in positions], shares
 
 
-# --- one training run --------------------------------------------------------------------
+# --- training runs -----------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """One training run of a benchmark grid.
+    """One training run.
 
     Attributes:
         model: a name of `MODEL_NAMES`.
         config: a label of `CONFIGS` (mode and SpecTrain target).
-        stages: pipeline stages (for `dp`: replicas; ignored by `single`).
+        stages: pipeline stages; for `dp` the replicas; ignored by `single` (1).
         lr: the learning rate of momentum SGD.
-        seed: weights and data order.
+        seed: initial weights and data order.
         epochs: training epochs.
         batch_size: mini-batch size.
-        limit: use only the first `limit` training examples (None: all).
+        limit: only the first `limit` training examples (None: all 1,437).
         momentum: SGD momentum.
         weight_decay: Keras' weight decay (0: none).
     """
@@ -248,114 +335,175 @@ class RunSpec:
     weight_decay: float = 5e-4
 
     @property
-    def key(self):
-        """A string naming this run, for result files."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+    def trainer_key(self):
+        """Runs with the same key share one trainer (same graph, same cuts)."""
+        return (self.model, self.config, self.stages)
+
+    def as_dict(self):
+        """The fields as a dict (JSON-ready)."""
+        return dataclasses.asdict(self)
 
 
-def _sgd(spec, cls):
-    return cls(
-        learning_rate=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay or None
-    )
-
-
-def build_trainer(spec, devices):
-    """The compiled trainer of `spec`: a `keras.Model` (single, dp) or a `PipelineModel`.
-
-    Args:
-        spec: a `RunSpec`.
-        devices: device names; a pipeline or `dp` uses the first `spec.stages`.
-
-    Returns:
-        `(trainer, model, cuts)`; `cuts` is None for the baselines.
-    """
-    import keras
-    import tensorflow as tf
-
-    import tf_spectrain
-
-    mode, target = CONFIGS[spec.config]
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    keras.utils.set_random_seed(spec.seed)
-    if mode in BASELINE_MODES:
-        scope = (
-            tf.distribute.MirroredStrategy(devices[: spec.stages]).scope()
-            if mode == "dp"
-            else tf.device(devices[0])
-        )
-        with scope:
-            model = build_model(spec.model)
-            model.compile(_sgd(spec, keras.optimizers.SGD), loss, metrics=["accuracy"])
-        return model, model, None
-    model = build_model(spec.model)
-    cuts, _ = balanced_cuts(model, spec.stages)
-    pipe = tf_spectrain.PipelineModel(
-        model, cuts=cuts, devices=devices[: spec.stages], mode=mode, spectrain_target=target
-    )
-    pipe.compile(_sgd(spec, tf_spectrain.SpecTrainSGD), loss, metrics=["accuracy"])
-    return pipe, model, cuts
-
-
-def train_run(spec, devices, callbacks=None):
-    """Trains `spec` on digits and returns its learning curve.
-
-    The training batches of epoch `e` depend only on `(spec.seed, e)`
-    (`tf_spectrain.data.load_epochs`, with the standard random crop), so every mode sees
-    the same data in the same order. The test set is evaluated after every epoch.
-
-    Args:
-        spec: a `RunSpec`.
-        devices: device names (at least `spec.stages`).
-        callbacks: extra Keras callbacks (e.g. `Telemetry`).
-
-    Returns:
-        A dict: `test_accuracy` and `train_loss` (lists, one value per epoch; NaN after a
-        non-finite loss stopped training), `seconds`, `cuts` and `diverged` (bool).
-    """
+def _epoch_clock():
     import keras
 
-    from tf_spectrain import data
-    from tf_spectrain.pipeline_model import NonFiniteLossError
+    class EpochClock(keras.callbacks.Callback):
+        """Wall time of every epoch, evaluation included."""
 
-    keras.backend.clear_session()
-    trainer, _, cuts = build_trainer(spec, devices)
-    train = data.load_epochs(
-        DATASET, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit
-    )
-    steps = data.steps_per_epoch(DATASET, spec.batch_size, spec.limit)
-    x_test, y_test = data.load_arrays(DATASET, "test")
-    history = keras.callbacks.History()
-    stop = keras.callbacks.TerminateOnNaN()
-    started = time.perf_counter()
-    diverged = False
-    try:
-        trainer.fit(
-            train,
-            epochs=spec.epochs,
-            steps_per_epoch=steps,
-            validation_data=(x_test, y_test),
-            verbose=0,
-            callbacks=[history, stop] + list(callbacks or []),
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self._start)
+
+    return EpochClock()
+
+
+class Runner:
+    """Trains `RunSpec`s on digits, building each trainer once and reusing it.
+
+    A trainer (a compiled `keras.Model` for `single`/`dp`, a `PipelineModel` otherwise)
+    is built for the first run of its `trainer_key`. Before every run it gets the run's
+    initial weights (those a fresh model built after `keras.utils.set_random_seed(seed)`
+    has: the same for every configuration), every optimizer variable is zeroed (momentum,
+    iteration count) and the learning rate set. A reused trainer then trains exactly as a
+    new one would, without tracing its functions again (`tests/test_benchmarks.py` checks
+    this).
+
+    Args:
+        devices: the device names (at least as many as the largest `stages`).
+    """
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+        self._trainers = {}
+        self._initial = {}
+
+    def initial_weights(self, model_name, seed):
+        """The weights of a fresh `model_name` built with the global seed `seed`."""
+        import keras
+
+        key = (model_name, seed)
+        if key not in self._initial:
+            keras.utils.set_random_seed(seed)
+            self._initial[key] = build_model(model_name).get_weights()
+        return self._initial[key]
+
+    def _build(self, spec):
+        import keras
+        import tensorflow as tf
+
+        import tf_spectrain
+
+        mode, target = CONFIGS[spec.config]
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def sgd(cls):
+            decay = spec.weight_decay or None
+            return cls(learning_rate=spec.lr, momentum=spec.momentum, weight_decay=decay)
+
+        if mode in BASELINES:
+            scope = (
+                tf.distribute.MirroredStrategy(self.devices[: spec.stages]).scope()
+                if mode == "dp"
+                else tf.device(self.devices[0])
+            )
+            with scope:
+                model = build_model(spec.model)
+                model.compile(sgd(keras.optimizers.SGD), loss, metrics=["accuracy"])
+            return model, [model.optimizer], None
+        model = build_model(spec.model)
+        cuts, _ = balanced_cuts(model, spec.stages)
+        pipe = tf_spectrain.PipelineModel(
+            model, cuts=cuts, devices=self.devices[: spec.stages], mode=mode,
+            spectrain_target=target,
         )
-    except NonFiniteLossError:
-        diverged = True
-    seconds = time.perf_counter() - started
-    acc = [float(a) for a in history.history.get("val_accuracy", [])]
-    loss = [float(v) for v in history.history.get("loss", [])]
-    diverged = diverged or len(acc) < spec.epochs or not all(map(math.isfinite, loss))
-    # A diverged run is reported at chance level from the failing epoch on.
-    acc += [float("nan")] * (spec.epochs - len(acc))
-    loss += [float("nan")] * (spec.epochs - len(loss))
-    return {
-        "test_accuracy": acc,
-        "train_loss": loss,
-        "seconds": seconds,
-        "cuts": cuts,
-        "diverged": diverged,
-    }
+        pipe.compile(sgd(tf_spectrain.SpecTrainSGD), loss, metrics=["accuracy"])
+        return pipe, pipe.stage_optimizers, cuts
+
+    def trainer(self, spec):
+        """The trainer of `spec`, reset for it: `(trainer, cuts)`."""
+        import tensorflow as tf
+
+        key = spec.trainer_key
+        if key not in self._trainers:
+            self._trainers[key] = self._build(spec)
+        trainer, optimizers, cuts = self._trainers[key]
+        model = trainer if CONFIGS[spec.config][0] in BASELINES else trainer.model
+        model.set_weights(self.initial_weights(spec.model, spec.seed))
+        for optimizer in optimizers:
+            for variable in optimizer.variables:
+                variable.assign(tf.zeros(variable.shape, variable.dtype))
+            optimizer.learning_rate = spec.lr
+        return trainer, cuts
+
+    def run(self, spec, callbacks=None):
+        """Trains `spec` and returns its learning curve.
+
+        Every configuration sees the same data: the training batches of epoch `e` depend
+        only on `(spec.seed, e)` (`tf_spectrain.data.load_epochs`, random crops included).
+        The whole test set is evaluated after every epoch.
+
+        Args:
+            spec: a `RunSpec`.
+            callbacks: extra Keras callbacks (e.g. `Telemetry`).
+
+        Returns:
+            A dict: `test_accuracy`, `train_loss` (one value per epoch), `epoch_seconds`
+            (each epoch's wall time, evaluation included), `seconds` (the whole run),
+            `cuts` (None for the baselines) and `diverged`. A run whose loss became
+            non-finite stops; its later epochs are recorded at chance accuracy
+            (`1 / NUM_CLASSES`) and NaN loss.
+        """
+        import keras
+
+        from tf_spectrain import data
+        from tf_spectrain.pipeline_model import NonFiniteLossError
+
+        started = time.perf_counter()
+        trainer, cuts = self.trainer(spec)
+        # tf.data combines its op seeds with the global seed: fix it for every run.
+        keras.utils.set_random_seed(spec.seed)
+        train = data.load_epochs(
+            DATASET, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit
+        )
+        steps = data.steps_per_epoch(DATASET, spec.batch_size, spec.limit)
+        x_test, y_test = data.load_arrays(DATASET, "test")
+        history, clock = keras.callbacks.History(), _epoch_clock()
+        diverged = False
+        try:
+            trainer.fit(
+                train, epochs=spec.epochs, steps_per_epoch=steps,
+                validation_data=(x_test, y_test), verbose=0,
+                callbacks=[history, clock, keras.callbacks.TerminateOnNaN()]
+                + list(callbacks or []),
+            )
+        except NonFiniteLossError:
+            diverged = True
+            del self._trainers[spec.trainer_key]  # its pipeline state is not reusable
+        loss = [float(v) for v in history.history.get("loss", [])]
+        acc = [float(a) for a in history.history.get("val_accuracy", [])]
+        done = 0  # epochs that ended with a finite loss and were evaluated
+        while done < min(len(loss), len(acc)) and math.isfinite(loss[done]):
+            done += 1
+        missing = spec.epochs - done
+        acc = acc[:done] + [1.0 / NUM_CLASSES] * missing
+        loss = loss[:done] + [float("nan")] * missing
+        return {
+            "test_accuracy": acc,
+            "train_loss": loss,
+            "epoch_seconds": clock.seconds,
+            "seconds": time.perf_counter() - started,
+            "cuts": cuts,
+            "diverged": diverged or missing > 0,
+        }
 
 
-# --- results -----------------------------------------------------------------------------
+# --- records and tables ------------------------------------------------------------------
 
 
 def read_jsonl(path):
@@ -367,18 +515,17 @@ def read_jsonl(path):
 
 
 def append_jsonl(path, record):
-    """Appends one record to a JSON-lines file (flushed, so a killed run keeps it)."""
+    """Appends one record to a JSON-lines file, flushed (a killed run keeps it)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-        f.flush()
 
 
 def summarise(values):
-    """Mean, sample standard deviation, min and max of the finite `values`.
+    """Mean, sample standard deviation, min and max of `values`.
 
     Args:
-        values: numbers; NaN (a diverged run) is counted in `n_nan`, not in the statistics.
+        values: numbers; non-finite ones are left out and counted in `n_nan`.
 
     Returns:
         A dict `mean`, `std` (0 for one value), `min`, `max`, `n`, `n_nan`; the
@@ -403,10 +550,10 @@ def markdown_table(header, rows):
 
     Args:
         header: the column titles.
-        rows: lists of cell strings, each as long as `header`.
+        rows: lists of cells (converted with `str`), each as long as `header`.
 
     Returns:
-        The table as a string (no trailing newline).
+        The table as a string, without a trailing newline.
 
     Raises:
         ValueError: if a row's length differs from the header's.
@@ -414,18 +561,33 @@ def markdown_table(header, rows):
     for row in rows:
         if len(row) != len(header):
             raise ValueError(
-                f"Every row must have {len(header)} cells like the header {header}. "
-                f"Received: a row of {len(row)}: {row}"
+                f"Every row must have {len(header)} cells, like the header {list(header)}. "
+                f"Received a row of {len(row)}: {list(row)}"
             )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def positive_int(text):
-    """argparse type: an int >= 1, with a clear error."""
-    import argparse
+def pyplot():
+    """matplotlib's pyplot with the file-only Agg backend (install the "bench" extra)."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise SystemExit(
+            "The plots need matplotlib: pip install -e '.[bench]'"
+        ) from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
+    return plt
+
+
+# --- command-line argument types -----------------------------------------------------------
+
+
+def positive_int(text):
+    """argparse type: an int >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -435,36 +597,46 @@ def positive_int(text):
     return value
 
 
-def positive_float(text):
-    """argparse type: a finite float > 0, with a clear error."""
-    import argparse
-
+def non_negative_int(text):
+    """argparse type: an int >= 0."""
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
 
 
-def csv_of(choices, kind=str):
-    """argparse type: a comma-separated list of values, each in `choices` (None: any)."""
-    import argparse
-    import difflib
+def csv_of(kind, choices=None):
+    """argparse type: a comma-separated list of `kind` values, each in `choices` if given.
+
+    Numbers must be finite and > 0 (learning rates), or >= 0 for ints (seeds).
+    """
+
+    def convert(item):
+        try:
+            value = kind(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a valid {kind.__name__}"
+            ) from None
+        if kind is float and not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{item!r} must be a finite number > 0")
+        if kind is int and value < 0:
+            raise argparse.ArgumentTypeError(f"{item!r} must be an integer >= 0")
+        if choices is not None and value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], 1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise argparse.ArgumentTypeError(f"{item!r} is not one of {list(choices)}{hint}")
+        return value
 
     def parse(text):
-        items = [kind(t.strip()) for t in text.split(",") if t.strip()]
+        items = [convert(t.strip()) for t in text.split(",") if t.strip()]
         if not items:
             raise argparse.ArgumentTypeError(f"must list at least one value, got {text!r}")
-        if choices is not None:
-            for item in items:
-                if item not in choices:
-                    close = difflib.get_close_matches(str(item), [str(c) for c in choices], 1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                    raise argparse.ArgumentTypeError(
-                        f"{item!r} is not one of {list(choices)}{hint}"
-                    )
+        if len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"lists a value twice: {text!r}")
         return items
 
     return parse

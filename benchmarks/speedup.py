@@ -22,6 +22,7 @@ of the cost model against what this machine can measure.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -68,7 +69,8 @@ def transformer_classifier(seq_len=128, d_model=512, heads=8, ff=2048, depth=6, 
     x = layers.Embedding(vocab, d_model, name="token_embedding")(tokens)
     x = PositionEmbedding(name="position_embedding")(x)
     for i in range(1, depth + 1):
-        attended = layers.MultiHeadAttention(heads, d_model // heads, name=f"enc{i}_attention")(x, x)
+        attention = layers.MultiHeadAttention(heads, d_model // heads, name=f"enc{i}_attention")
+        attended = attention(x, x)
         x = layers.Add(name=f"enc{i}_add1")([x, attended])
         x = layers.LayerNormalization(name=f"enc{i}_norm1")(x)
         h = layers.Dense(ff, activation="relu", name=f"enc{i}_ff1")(x)
@@ -107,23 +109,83 @@ def matmul_flops(size=1024, repeats=10):
 
 
 def child_profile(args):
-    """Profiles one model on one device (default threads); prints the profile as JSON."""
+    """Profiles one model on one device (default threads); prints the profile as JSON.
+
+    Also reports the CPU's matrix-product rate and, for comparison with the sum of the
+    layers, the median time of the whole model's Keras training step (`train_on_batch`).
+    """
     from tf_spectrain import costmodel
 
     model = build_model(args.model)
     profile = costmodel.profile_model(model, args.batch_size, repeats=args.repeats)
-    print(json.dumps({"profile": profile.to_dict(), "cpu_flops": matmul_flops()}))
+    step = train_step_workload(args.model, args.batch_size, keras_step=True)(None)
+    step()
+    whole = statistics.median(_seconds(step) for _ in range(3))
+    print(json.dumps(
+        {"profile": profile.to_dict(), "cpu_flops": matmul_flops(), "whole_step": whole}
+    ))
+
+
+def _seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def train_step_workload(model_name, batch_size, keras_step=False):
+    """`workload(device)`: a fresh model's training step on one batch, placed on `device`."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def workload(device):
+        rng = np.random.default_rng(0)
+        shape = (batch_size, 128) if model_name == "transformer" else (batch_size, 32, 32, 3)
+        x = np.zeros(shape, "int32") if model_name == "transformer" else rng.normal(size=shape)
+        y = np.zeros(batch_size, "int32")
+        with tf.device(device) if device else contextlib.nullcontext():
+            model = build_model(model_name)
+            model.compile(
+                keras.optimizers.SGD(0.01, momentum=0.9),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        if keras_step:
+            return lambda: model.train_on_batch(x, y)
+        with tf.device(device):
+            x, y = tf.constant(x, tf.float32), tf.constant(y)
+
+        @tf.function
+        def step():
+            with tf.device(device):
+                with tf.GradientTape() as tape:
+                    loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+        return lambda: step().numpy()
+
+    return workload
 
 
 def child_machine(args):
-    """Measures the 4 logical CPU devices' links and concurrency; prints JSON."""
+    """Measures the logical CPU devices' links and concurrency; prints JSON.
+
+    The concurrency is measured twice: for matrix products, and for the model's own
+    training step (which is what the stages run).
+    """
     import tf_spectrain
     from tf_spectrain import costmodel
 
     devices = tf_spectrain.setup_devices(args.stages)
     bandwidth, latency = costmodel.measure_link(devices[0], devices[1])
-    concurrency = costmodel.measure_concurrency(devices)
-    print(json.dumps({"bandwidth": bandwidth, "latency": latency, "concurrency": concurrency}))
+    matmul = costmodel.measure_concurrency(devices)
+    model = costmodel.measure_concurrency(
+        devices, train_step_workload(args.model, args.batch_size), repeats=3
+    )
+    print(json.dumps({
+        "bandwidth": bandwidth, "latency": latency,
+        "concurrency_matmul": matmul, "concurrency": model,
+    }))
 
 
 def child_train(args):
@@ -217,12 +279,13 @@ def gpu_predictions(profile, hardware, args):
 
 
 def speedup_table(profiles, args):
+    """Predicted images/s and speedups on 4 GPUs over PCIe and NVLink, with notes."""
     from tf_spectrain import costmodel
 
     lines = [
         "| model | link | single | data parallel | dp, overlap | pipeline | pipeline, recompute "
-        "| pipeline / dp | pipeline / dp, overlap | paper |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| **pipeline / dp** | pipeline / dp, overlap | recompute / dp | paper |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for name, (profile, cpu_flops) in profiles.items():
@@ -231,22 +294,29 @@ def speedup_table(profiles, args):
             hw = preset.replace(relative_speed=speed)
             row = gpu_predictions(profile, hw, args)
             ips = {k: v.images_per_second for k, v in row.items() if not k.endswith("cuts")}
+            pipe, dp = ips["pipeline"], ips["dp"]
             lines.append(
-                f"| {name} | {hw.name} | {ips['single']:.0f} | {ips['dp']:.0f} "
-                f"| {ips['dp, overlap']:.0f} | {ips['pipeline']:.0f} "
-                f"| {ips['pipeline, recompute']:.0f} | **{ips['pipeline'] / ips['dp']:.2f}x** "
-                f"| {ips['pipeline'] / ips['dp, overlap']:.2f}x | {PAPER_SPEEDUP}x |"
+                f"| {name} | {hw.name} | {ips['single']:.0f} | {dp:.0f} "
+                f"| {ips['dp, overlap']:.0f} | {pipe:.0f} | {ips['pipeline, recompute']:.0f} "
+                f"| **{pipe / dp:.2f}x** | {pipe / ips['dp, overlap']:.2f}x "
+                f"| {ips['pipeline, recompute'] / dp:.2f}x | {PAPER_SPEEDUP}x |"
             )
-            dp = row["dp"]
-            notes.append(
-                f"- {name}, {hw.name}: relative_speed {speed:.0f}; weights "
-                f"{profile.weight_bytes / 1e6:.1f} MB; dp all-reduce {dp.communication_seconds * 1e3:.1f} ms "
-                f"of {dp.seconds_per_batch * 1e3:.1f} ms per step "
-                f"({100 * dp.communication_seconds / dp.seconds_per_batch:.0f}%); pipeline cuts "
-                f"{row['pipeline cuts']}, bounding stage {row['pipeline'].compute_seconds * 1e3:.1f} ms "
-                f"compute + {row['pipeline'].communication_seconds * 1e3:.2f} ms hand-offs"
-            )
+            notes.append(_note(name, hw, row, profile))
     return lines + [""] + notes
+
+
+def _note(name, hw, row, profile):
+    """One line on where the time goes: all-reduce share, pipeline cuts and bounding stage."""
+    dp, pipe = row["dp"], row["pipeline"]
+    share = 100 * dp.communication_seconds / dp.seconds_per_batch
+    return (
+        f"- {name}, {hw.name}: relative_speed {hw.relative_speed:.0f}; weights "
+        f"{profile.weight_bytes / 1e6:.1f} MB; dp all-reduce "
+        f"{dp.communication_seconds * 1e3:.1f} ms of {dp.seconds_per_batch * 1e3:.1f} ms per "
+        f"step ({share:.0f}%); pipeline cuts {row['pipeline cuts']}, bounding stage "
+        f"{pipe.compute_seconds * 1e3:.1f} ms compute + "
+        f"{pipe.communication_seconds * 1e3:.2f} ms hand-offs"
+    )
 
 
 def sensitivity_table(profiles, args):
@@ -264,7 +334,8 @@ def sensitivity_table(profiles, args):
             for rate in rates:
                 hw = preset.replace(relative_speed=rate * 1e12 / cpu_flops)
                 row = gpu_predictions(profile, hw, args)
-                cells.append(f"{row['pipeline'].images_per_second / row['dp'].images_per_second:.2f}x")
+                ratio = row["pipeline"].images_per_second / row["dp"].images_per_second
+                cells.append(f"{ratio:.2f}x")
             lines.append(f"| {name} | {preset.name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -276,33 +347,48 @@ def validate(args, log):
     """Measures training here and predicts it; returns the table's lines."""
     from tf_spectrain import costmodel
 
-    result = run_child("profile", model="vgg16", batch_size=args.batch_size, repeats=args.repeats)
-    profile = costmodel.ModelProfile.from_dict(result["profile"])
-    machine = run_child("machine", stages=4)
-    log(f"validation profile and machine: {profile}, {machine}")
+    names = ["single", "pipeline, stash"] if args.quick else list(VALIDATION_CONFIGS)
+    machine = run_child("machine", stages=4, model="vgg16", batch_size=args.batch_size)
+    log(f"validation machine: {machine}")
     hw = costmodel.Hardware(
         num_gpus=4, relative_speed=1.0, bandwidth=machine["bandwidth"],
         latency=machine["latency"], concurrency=machine["concurrency"],
         name="4 logical CPUs on 2 cores",
     )
-    cuts = costmodel.best_cuts(profile, hw, args.batch_size)
-    names = ["single", "pipeline, stash"] if args.quick else list(VALIDATION_CONFIGS)
-    measured = {n: [] for n in names}
+    # Each round profiles the model again, so that the profile sees the same load on this
+    # shared machine as the measurements around it; the per-layer medians count.
+    profiles, whole, measured, loads, cuts = [], [], {n: [] for n in names}, [], None
     for r in range(args.rounds):
+        result = run_child(
+            "profile", model="vgg16", batch_size=args.batch_size, repeats=args.repeats
+        )
+        profiles.append(costmodel.ModelProfile.from_dict(result["profile"]))
+        whole.append(result["whole_step"])
+        log(f"round {r + 1}: profile {profiles[-1].forward_time:.3f} s forward, "
+            f"{profiles[-1].backward_time:.3f} s backward")
+        # The cuts come from the first profile and stay fixed for every measurement.
+        cuts = cuts or costmodel.best_cuts(profiles[0], hw, args.batch_size)
         for name in names:
             config = VALIDATION_CONFIGS[name]
+            loads.append(os.getloadavg()[0])
             measured[name].append(run_child(
                 "train", model="vgg16", mode=config["mode"], stages=4, cuts=",".join(cuts),
                 batch_size=args.batch_size, steps=args.steps, skip=args.skip,
             ))
             log(f"round {r + 1}: {name}: {measured[name][-1]}")
+    profile = median_profile(profiles)
     predicted = {n: _predict_here(n, profile, hw, cuts, args) for n in names}
     lines = [
-        f"Hardware model of this machine (measured): bandwidth {hw.bandwidth / 1e9:.2f} GB/s, "
-        f"latency {hw.latency * 1e6:.0f} us, concurrency {hw.concurrency:.2f} of 4 devices. "
+        f"Hardware model of this machine (measured): bandwidth {hw.bandwidth / 1e9:.0f} GB/s, "
+        f"latency {hw.latency * 1e6:.0f} us, concurrency {hw.concurrency:.2f} of 4 devices "
+        f"for VGG16's training step ({machine['concurrency_matmul']:.2f} for matrix "
+        "products). "
         f"VGG16, batch {args.batch_size}, {args.steps} mini-batches per epoch, cuts {cuts}; "
         f"profiled forward {profile.forward_time:.3f} s + backward {profile.backward_time:.3f} s "
-        "per batch.",
+        f"per batch (median of {args.rounds} profiles; Keras' whole-model step took "
+        f"{statistics.median(whole):.3f} s in the same processes); {args.rounds} interleaved "
+        "rounds, "
+        f"medians; 1-minute load average {min(loads):.1f}-{max(loads):.1f} on 2 cores.",
         "",
         "| configuration | predicted steady | measured steady | error | predicted epoch "
         "| measured epoch | error |",
@@ -343,13 +429,44 @@ def _error(predicted, measured):
     return f"{100 * (predicted - measured) / measured:+.0f}%"
 
 
+def median_profile(profiles):
+    """Per-layer medians of several profiles of the same model (measured between runs)."""
+    from tf_spectrain import costmodel
+
+    layers = [
+        costmodel.LayerProfile(
+            name=parts[0].name,
+            forward_time=statistics.median(p.forward_time for p in parts),
+            backward_time=statistics.median(p.backward_time for p in parts),
+            output_bytes=parts[0].output_bytes,
+            weight_bytes=parts[0].weight_bytes,
+        )
+        for parts in zip(*(p.layers for p in profiles))
+    ]
+    return costmodel.ModelProfile(layers, profiles[0].batch_size, profiles[0].name)
+
+
+def with_backward_ratio(profile, ratio):
+    """The profile with every layer's backward set to `ratio` times its forward."""
+    from tf_spectrain import costmodel
+
+    layers = [
+        costmodel.LayerProfile(
+            layer.name, layer.forward_time, ratio * layer.forward_time,
+            layer.output_bytes, layer.weight_bytes,
+        )
+        for layer in profile.layers
+    ]
+    return costmodel.ModelProfile(layers, profile.batch_size, profile.name)
+
+
 # --- main ---------------------------------------------------------------------------------
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="batch 8, 2 repeats, short validation (single and stash only)")
+                   help="batch 8, 3 repeats, one short validation round (single and stash)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     p.add_argument("--batch-size", type=int, default=32,
                    help="profiling and validation batch size")
@@ -371,7 +488,7 @@ def parse_args():
     p.add_argument("--cuts", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
-        args.batch_size, args.repeats, args.steps, args.skip, args.rounds = 8, 2, 6, 2, 1
+        args.batch_size, args.repeats, args.steps, args.skip, args.rounds = 8, 3, 8, 3, 1
     if args.steps < args.skip + 2:
         p.error(f"--steps must exceed --skip + 1; got --steps {args.steps} --skip {args.skip}")
     return args
@@ -406,6 +523,16 @@ def main():
         "",
     ]
     text += speedup_table(profiles, args)
+    text += [
+        "",
+        "The same with every layer's backward set to twice its profiled forward (the FLOP "
+        "ratio of convolutions and dense layers, roughly what GPUs show; this CPU's backward "
+        "of small convolutions is far slower than that):",
+        "",
+    ]
+    text += speedup_table(
+        {n: (with_backward_ratio(p, 2.0), f) for n, (p, f) in profiles.items()}, args
+    )
     text += ["", "Pipeline / data parallel (no overlap) for other GPU speeds:", ""]
     text += sensitivity_table(profiles, args)
     if not args.skip_validation:

@@ -71,7 +71,8 @@ def test_hardware_rejects_bad_arguments(kwargs, error, match):
     ],
 )
 def test_transfer_time(bandwidth, latency, num_bytes, expected):
-    assert hw(bandwidth=bandwidth, latency=latency).transfer_time(num_bytes) == pytest.approx(expected)
+    machine = hw(bandwidth=bandwidth, latency=latency)
+    assert machine.transfer_time(num_bytes) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +92,8 @@ def test_ring_allreduce_time(n, bandwidth, latency, num_bytes, expected):
 
 def test_replace_keeps_default_concurrency_in_step_with_num_gpus():
     eight = costmodel.NVLINK.replace(num_gpus=8)
-    assert (eight.num_gpus, eight.concurrency, eight.bandwidth) == (8, 8.0, costmodel.NVLINK.bandwidth)
+    assert (eight.num_gpus, eight.concurrency) == (8, 8.0)
+    assert eight.bandwidth == costmodel.NVLINK.bandwidth
     shared = hw(num_gpus=4, concurrency=1.5).replace(num_gpus=2)
     assert shared.concurrency == 1.5
     with pytest.raises(TypeError, match=r"Unknown Hardware field.*'speed'"):
@@ -434,17 +436,24 @@ def test_best_cuts_defaults_and_limits():
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda: costmodel.predict_single({"layers": []}, hw(), 1), TypeError, r"`profile` must be a ModelProfile"),
-        (lambda: costmodel.predict_single(CHAIN, "pcie", 1), TypeError, r"`hardware` must be a Hardware"),
+        (lambda: costmodel.predict_single({"layers": []}, hw(), 1), TypeError,
+         r"`profile` must be a ModelProfile"),
+        (lambda: costmodel.predict_single(CHAIN, "pcie", 1), TypeError,
+         r"`hardware` must be a Hardware"),
         (lambda: costmodel.predict_single(CHAIN, hw(), 0), ValueError, r"batch_size=0"),
         (lambda: costmodel.predict_single(CHAIN, hw(), 2.5), TypeError, r"batch_size=2.5"),
-        (lambda: costmodel.predict_data_parallel(CHAIN, hw(), 4, overlap=1), TypeError, r"overlap=1"),
+        (lambda: costmodel.predict_data_parallel(CHAIN, hw(), 4, overlap=1), TypeError,
+         r"overlap=1"),
         (lambda: costmodel.predict_pipeline(CHAIN, hw(num_gpus=2), 1, [0, 1]), ValueError,
          r"3 stages .* but hardware.num_gpus=2.*at most 1 cuts"),
-        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], num_batches=0), ValueError, r"num_batches=0"),
-        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], recompute="yes"), TypeError, r"recompute='yes'"),
-        (lambda: costmodel.simulate_epoch([1, 1], [1], [0], [0], 2), ValueError, r"`backward` must be a list of 2"),
-        (lambda: costmodel.simulate_epoch([1, -1], [1, 1], [0], [0], 2), ValueError, r"forward\[1\]=-1"),
+        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], num_batches=0), ValueError,
+         r"num_batches=0"),
+        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], recompute="yes"), TypeError,
+         r"recompute='yes'"),
+        (lambda: costmodel.simulate_epoch([1, 1], [1], [0], [0], 2), ValueError,
+         r"`backward` must be a list of 2"),
+        (lambda: costmodel.simulate_epoch([1, -1], [1, 1], [0], [0], 2), ValueError,
+         r"forward\[1\]=-1"),
         (lambda: costmodel.steady_cycle([], [], [], []), ValueError, r"non-empty list"),
     ],
 )
@@ -506,8 +515,17 @@ def test_profile_model_rejects_bad_arguments():
 def test_link_and_concurrency_measurements_are_in_range():
     bandwidth, latency = costmodel.measure_link("/CPU:0", "/CPU:1", large_bytes=2**20, repeats=3)
     assert bandwidth > 0 and 0 <= latency < 1
-    concurrency = costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], size=64, iterations=2)
+    calls = []
+
+    def workload(device):
+        calls.append(device)
+        return lambda: sum(range(1000))
+
+    concurrency = costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], workload, repeats=2)
     assert 0 < concurrency <= 2
+    assert calls == ["/CPU:0", "/CPU:1"]
     Hardware(2, 1.0, bandwidth, latency, concurrency)  # fits the hardware description
     with pytest.raises(ValueError, match=r"at least 2 device names"):
         costmodel.measure_concurrency(["/CPU:0"])
+    with pytest.raises(TypeError, match=r"workload=3"):
+        costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], workload=3)

@@ -69,7 +69,9 @@ def check_int(name, value, what, minimum=1):
             f"of type {type(value).__name__}"
         )
     if value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum} ({what}). Received: {name}={value!r}")
+        raise ValueError(
+            f"`{name}` must be an int >= {minimum} ({what}). Received: {name}={value!r}"
+        )
     return int(value)
 
 

@@ -203,19 +203,23 @@ def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repea
     return 1.0 / slope, max(0.0, seconds[0] - small * slope)
 
 
-def measure_concurrency(devices, size=384, iterations=20, repeats=3):
+def measure_concurrency(devices, workload=None, repeats=5):
     """Measures how many of `devices` can compute at full speed at the same time.
 
-    Runs the same matrix-product workload once on `devices[0]` alone and then on every
-    device at once, from one Python thread per device (as the pipeline runtime does), and
-    returns `len(devices) * alone / together`: `len(devices)` for independent devices,
-    about 1 for logical devices that share the cores one of them already keeps busy.
+    Runs the same work on `devices[0]` alone and on every device at once, from one Python
+    thread per device (as the pipeline runtime does), `repeats` times in alternation (so
+    that other load on the machine hits both alike), and returns the median over the pairs
+    of `len(devices) * alone / together`: `len(devices)` for independent devices, about 1
+    for logical devices that share the cores one of them already keeps busy, more than 1
+    when one device alone leaves cores idle (operations that run on one thread).
 
     Args:
         devices: a list of at least 2 device names.
-        size: side of the square matrices, an int >= 1.
-        iterations: products per workload, an int >= 1.
-        repeats: timed runs; the median counts.
+        workload: a function `workload(device)` that returns a zero-argument callable doing
+            one unit of work on `device` and waiting for it (traced beforehand). None: 30
+            chained 512 x 512 matrix products. Use the model's own training step to measure
+            how much of *its* work overlaps.
+        repeats: timed pairs, an int >= 1.
 
     Returns:
         The concurrency, a float in `(0, len(devices)]`.
@@ -227,32 +231,42 @@ def measure_concurrency(devices, size=384, iterations=20, repeats=3):
         raise ValueError(
             f"`devices` must be a list of at least 2 device names. Received: devices={devices!r}"
         )
-    size = _checks.check_int("size", size, "matrix side")
-    iterations = _checks.check_int("iterations", iterations, "products per workload")
-    repeats = _checks.check_int("repeats", repeats, "timed runs")
-    work = []
-    for device in devices:
-        with tf.device(device):
-            a = tf.random.normal([size, size], seed=1)
-
-            @tf.function
-            def run(a=a, device=device):
-                with tf.device(device):
-                    x = a
-                    for _ in range(iterations):
-                        x = tf.tanh(tf.matmul(x, a) / size)
-                    return tf.reduce_sum(x)
-
+    if workload is not None and not callable(workload):
+        raise TypeError(
+            "`workload` must be a function of a device name that returns a callable. "
+            f"Received: workload={workload!r}"
+        )
+    repeats = _checks.check_int("repeats", repeats, "timed pairs")
+    work = [(workload or _matmul_workload)(device) for device in devices]
+    for run in work:
         run()
-        work.append(run)
 
     def together():
-        threads = [threading.Thread(target=lambda f=f: f().numpy()) for f in work]
+        threads = [threading.Thread(target=run) for run in work]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
-    alone = _median_seconds(lambda: work[0]().numpy(), repeats)
-    both = _median_seconds(together, repeats)
-    return min(float(len(devices)), len(devices) * alone / both)
+    ratios = []
+    for _ in range(repeats):
+        alone = _median_seconds(work[0], 1)
+        both = _median_seconds(together, 1)
+        ratios.append(len(devices) * alone / both)
+    return min(float(len(devices)), statistics.median(ratios))
+
+
+def _matmul_workload(device, size=512, iterations=30):
+    """A traced function of `iterations` chained matrix products on `device`."""
+    with tf.device(device):
+        a = tf.random.normal([size, size], seed=1)
+
+    @tf.function
+    def run():
+        with tf.device(device):
+            x = a
+            for _ in range(iterations):
+                x = tf.tanh(tf.matmul(x, a) / size)
+            return tf.reduce_sum(x)
+
+    return lambda: run().numpy()

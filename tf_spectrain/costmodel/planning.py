@@ -72,7 +72,9 @@ class _StagePricer:
         for layer in profile.layers:
             self._fwd.append(self._fwd[-1] + layer.forward_time * scale)
             self._bwd.append(self._bwd[-1] + layer.backward_time * scale)
-        self._send = [hardware.transfer_time(layer.output_bytes * batch_size) for layer in profile.layers]
+        self._send = [
+            hardware.transfer_time(layer.output_bytes * batch_size) for layer in profile.layers
+        ]
         self._recompute = recompute
         self.last_layer = len(profile.layers) - 1
 

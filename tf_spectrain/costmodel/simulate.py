@@ -35,6 +35,21 @@ def _check_times(name, values, length):
     ]
 
 
+def _check_pipeline(forward, backward, send_forward, send_backward):
+    """Checks the four duration lists of an N-stage pipeline; returns them as float lists."""
+    if not isinstance(forward, (list, tuple)) or not forward:
+        raise ValueError(
+            f"`forward` must be a non-empty list of per-stage durations. Received: {forward!r}"
+        )
+    n = len(forward)
+    return (
+        _check_times("forward", forward, n),
+        _check_times("backward", backward, n),
+        _check_times("send_forward", send_forward, n - 1),
+        _check_times("send_backward", send_backward, n - 1),
+    )
+
+
 def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, overlap=False):
     """Returns the seconds one epoch of the asynchronous schedule takes, drained.
 
@@ -54,15 +69,10 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
         TypeError, ValueError: if a list has the wrong length or holds a negative or
             non-numeric duration, or `num_batches` is not an int >= 1.
     """
-    if not isinstance(forward, (list, tuple)) or not forward:
-        raise ValueError(
-            f"`forward` must be a non-empty list of per-stage durations. Received: {forward!r}"
-        )
+    forward, backward, send_forward, send_backward = _check_pipeline(
+        forward, backward, send_forward, send_backward
+    )
     n = len(forward)
-    forward = _check_times("forward", forward, n)
-    backward = _check_times("backward", backward, n)
-    send_forward = _check_times("send_forward", send_forward, n - 1)
-    send_backward = _check_times("send_backward", send_backward, n - 1)
     num_batches = _checks.check_int("num_batches", num_batches, "mini-batches in the epoch")
     _checks.check_bool("overlap", overlap)
 
@@ -108,7 +118,7 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
                     else:
                         arrived_bwd[k - 1][i] = arrival
                 free[k] = done
-                end = max(end, done, arrival if send is not None else done)
+                end = max(end, done)  # every transfer ends before its receiver's pass
                 position[k] += 1
                 remaining -= 1
                 progressed = True
@@ -143,15 +153,10 @@ def steady_cycle(forward, backward, send_forward, send_backward, overlap=False):
     Raises:
         TypeError, ValueError: as `simulate_epoch`.
     """
-    if not isinstance(forward, (list, tuple)) or not forward:
-        raise ValueError(
-            f"`forward` must be a non-empty list of per-stage durations. Received: {forward!r}"
-        )
+    forward, backward, send_forward, send_backward = _check_pipeline(
+        forward, backward, send_forward, send_backward
+    )
     n = len(forward)
-    forward = _check_times("forward", forward, n)
-    backward = _check_times("backward", backward, n)
-    send_forward = _check_times("send_forward", send_forward, n - 1)
-    send_backward = _check_times("send_backward", send_backward, n - 1)
     _checks.check_bool("overlap", overlap)
     compute = [f + b for f, b in zip(forward, backward)]
     if not overlap:
