@@ -478,7 +478,7 @@ class Runner:
         try:
             trainer.fit(
                 train, epochs=spec.epochs, steps_per_epoch=steps,
-                validation_data=(x_test, y_test), verbose=0,
+                validation_data=(x_test, y_test), verbose=0, shuffle=False,
                 callbacks=[history, clock, keras.callbacks.TerminateOnNaN()]
                 + list(callbacks or []),
             )

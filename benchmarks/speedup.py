@@ -31,6 +31,8 @@ import sys
 import time
 
 PAPER_SPEEDUP = 8.91
+# A 2017-2018 GPU (P100 / GTX 1080 Ti class) runs float32 matrix products at about 10 TFLOP/s.
+DEFAULT_GPU_TFLOPS = 10.0
 MODELS = ("vgg16", "resnet50", "transformer")
 CLASSES = {"vgg16": 10, "resnet50": 10, "transformer": 2}
 VALIDATION_CONFIGS = {
@@ -121,9 +123,13 @@ def child_profile(args):
     step = train_step_workload(args.model, args.batch_size, keras_step=True)(None)
     step()
     whole = statistics.median(_seconds(step) for _ in range(3))
-    print(json.dumps(
-        {"profile": profile.to_dict(), "cpu_flops": matmul_flops(), "whole_step": whole}
-    ))
+    import tensorflow as tf
+
+    device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    print(json.dumps({
+        "profile": profile.to_dict(), "cpu_flops": matmul_flops(), "whole_step": whole,
+        "device": device,
+    }))
 
 
 def _seconds(fn):
@@ -177,6 +183,7 @@ def child_machine(args):
     from tf_spectrain import costmodel
 
     devices = tf_spectrain.setup_devices(args.stages)
+    kind = "GPU" if "GPU" in devices[0] else "CPU"
     bandwidth, latency = costmodel.measure_link(devices[0], devices[1])
     matmul = costmodel.measure_concurrency(devices)
     model = costmodel.measure_concurrency(
@@ -184,7 +191,7 @@ def child_machine(args):
     )
     print(json.dumps({
         "bandwidth": bandwidth, "latency": latency,
-        "concurrency_matmul": matmul, "concurrency": model,
+        "concurrency_matmul": matmul, "concurrency": model, "kind": kind,
     }))
 
 
@@ -194,8 +201,10 @@ def child_train(args):
 
     import tf_spectrain
 
-    n = 1 if args.mode == "single" else args.stages
-    devices = tf_spectrain.setup_devices(n) if n > 1 else ["/CPU:0"]
+    if args.mode == "single":  # the first device, GPUs first, with TensorFlow's defaults
+        devices = tf_spectrain.devices.existing_devices()[:1]
+    else:
+        devices = tf_spectrain.setup_devices(args.stages)
     import keras
     import numpy as np
 
@@ -278,6 +287,18 @@ def gpu_predictions(profile, hardware, args):
     return row
 
 
+def relative_speed(args, flops, device, tflops=None):
+    """How much faster the assumed GPU is than the profiling device.
+
+    A profile measured on a GPU is used as it is (1.0) unless a GPU rate is asked for;
+    a CPU profile is scaled by the ratio of `--gpu-tflops` to the CPU's matrix-product rate.
+    """
+    tflops = args.gpu_tflops if tflops is None else tflops
+    if tflops is None:
+        return 1.0 if device == "GPU" else DEFAULT_GPU_TFLOPS * 1e12 / flops
+    return tflops * 1e12 / flops
+
+
 def speedup_table(profiles, args):
     """Predicted images/s and speedups on 4 GPUs over PCIe and NVLink, with notes."""
     from tf_spectrain import costmodel
@@ -288,8 +309,8 @@ def speedup_table(profiles, args):
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
-    for name, (profile, cpu_flops) in profiles.items():
-        speed = args.gpu_tflops * 1e12 / cpu_flops
+    for name, (profile, flops, device) in profiles.items():
+        speed = relative_speed(args, flops, device)
         for preset in (costmodel.PCIE3_X16, costmodel.NVLINK):
             hw = preset.replace(relative_speed=speed)
             row = gpu_predictions(profile, hw, args)
@@ -328,11 +349,11 @@ def sensitivity_table(profiles, args):
         "| model | link | " + " | ".join(f"{r:g} TFLOP/s" for r in rates) + " |",
         "|---|---|" + "---|" * len(rates),
     ]
-    for name, (profile, cpu_flops) in profiles.items():
+    for name, (profile, flops, device) in profiles.items():
         for preset in (costmodel.PCIE3_X16, costmodel.NVLINK):
             cells = []
             for rate in rates:
-                hw = preset.replace(relative_speed=rate * 1e12 / cpu_flops)
+                hw = preset.replace(relative_speed=relative_speed(args, flops, device, rate))
                 row = gpu_predictions(profile, hw, args)
                 ratio = row["pipeline"].images_per_second / row["dp"].images_per_second
                 cells.append(f"{ratio:.2f}x")
@@ -353,7 +374,7 @@ def validate(args, log):
     hw = costmodel.Hardware(
         num_gpus=4, relative_speed=1.0, bandwidth=machine["bandwidth"],
         latency=machine["latency"], concurrency=machine["concurrency"],
-        name="4 logical CPUs on 2 cores",
+        name=f"4 {machine['kind']} devices as measured",
     )
     # Each round profiles the model again, so that the profile sees the same load on this
     # shared machine as the measurements around it; the per-layer medians count.
@@ -379,7 +400,7 @@ def validate(args, log):
     profile = median_profile(profiles)
     predicted = {n: _predict_here(n, profile, hw, cuts, args) for n in names}
     lines = [
-        f"Hardware model of this machine (measured): bandwidth {hw.bandwidth / 1e9:.0f} GB/s, "
+        f"Hardware model of the 4 {machine['kind']} devices (measured): bandwidth {hw.bandwidth / 1e9:.0f} GB/s, "
         f"latency {hw.latency * 1e6:.0f} us, concurrency {hw.concurrency:.2f} of 4 devices "
         f"for VGG16's training step ({machine['concurrency_matmul']:.2f} for matrix "
         "products). "
@@ -474,8 +495,10 @@ def parse_args():
     p.add_argument("--gpu-batch", type=int, default=128, help="global batch on the 4 GPUs")
     p.add_argument("--batches-per-epoch", type=int, default=391,
                    help="mini-batches per epoch for the pipeline's fill and drain (CIFAR-10)")
-    p.add_argument("--gpu-tflops", type=float, default=10.0,
-                   help="float32 matrix-product rate assumed for one GPU, in TFLOP/s")
+    p.add_argument("--gpu-tflops", type=float, default=None,
+                   help="float32 matrix-product rate assumed for one GPU, in TFLOP/s "
+                   f"(default: {DEFAULT_GPU_TFLOPS:g} for a CPU profile; a GPU profile is "
+                   "used as measured)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per validation epoch")
     p.add_argument("--skip", type=int, default=4, help="first mini-batches left out (fill)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved validation repeats")
@@ -511,15 +534,18 @@ def main():
     profiles = {}
     for name in MODELS:
         result = run_child("profile", model=name, batch_size=args.batch_size, repeats=args.repeats)
-        profiles[name] = (costmodel.ModelProfile.from_dict(result["profile"]), result["cpu_flops"])
-        log(f"profiled {name}: {profiles[name][0]}, CPU {result['cpu_flops'] / 1e9:.0f} GFLOP/s")
+        profile = costmodel.ModelProfile.from_dict(result["profile"])
+        profiles[name] = (profile, result["cpu_flops"], result["device"])
+        log(f"profiled {name} on {result['device']}: {profile}, "
+            f"{result['cpu_flops'] / 1e9:.0f} GFLOP/s")
     command = " ".join(["python", "benchmarks/speedup.py"] + sys.argv[1:])
     text = [
         f"`{command}`",
         "",
         f"Predicted images/s on 4 GPUs, global batch {args.gpu_batch}, pipeline epochs of "
         f"{args.batches_per_epoch} mini-batches (fill and drain included); GPU at "
-        f"{args.gpu_tflops:g} TFLOP/s, profiled at batch {args.batch_size}:",
+        f"{args.gpu_tflops or DEFAULT_GPU_TFLOPS:g} TFLOP/s (float32 matrix products) for CPU "
+        f"profiles, profiled at batch {args.batch_size}:",
         "",
     ]
     text += speedup_table(profiles, args)
@@ -531,7 +557,7 @@ def main():
         "",
     ]
     text += speedup_table(
-        {n: (with_backward_ratio(p, 2.0), f) for n, (p, f) in profiles.items()}, args
+        {n: (with_backward_ratio(p, 2.0), f, d) for n, (p, f, d) in profiles.items()}, args
     )
     text += ["", "Pipeline / data parallel (no overlap) for other GPU speeds:", ""]
     text += sensitivity_table(profiles, args)

@@ -130,33 +130,36 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
     with tf.device(device) if device else contextlib.nullcontext():
         inputs = _example_inputs(model, batch_size, seed)
         for name, stage in zip(names, stages):
-            forward, forward_backward = _layer_functions(stage)
-            outputs = _as_list(forward(inputs))
-            upstream = [
-                tf.constant(rng.normal(size=o.shape), dtype=o.dtype)
-                if o.dtype.is_floating else None
-                for o in outputs
-            ]
-            for _ in range(warmup):
-                forward(inputs)
-                forward_backward(inputs, upstream)
-            _sync()
-            fwd = _median_seconds(lambda: forward(inputs), repeats)
-            both = _median_seconds(lambda: forward_backward(inputs, upstream), repeats)
-            layers.append(
-                LayerProfile(
-                    name=name,
-                    forward_time=fwd,
-                    backward_time=max(0.0, both - fwd),
-                    output_bytes=float(_bytes_per_example(outputs)),
-                    weight_bytes=float(
-                        sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-                            for v in stage.trainable_variables)
-                    ),
-                )
-            )
-            inputs = outputs
+            layer, inputs = _profile_layer(name, stage, inputs, rng, repeats, warmup)
+            layers.append(layer)
     return ModelProfile(layers, batch_size, name=model.name)
+
+
+def _profile_layer(name, stage, inputs, rng, repeats, warmup):
+    """Times one one-layer stage on `inputs`; returns its `LayerProfile` and its outputs."""
+    forward, forward_backward = _layer_functions(stage)
+    outputs = _as_list(forward(inputs))
+    upstream = [
+        tf.constant(rng.normal(size=o.shape), dtype=o.dtype) if o.dtype.is_floating else None
+        for o in outputs
+    ]
+    for _ in range(warmup):
+        forward(inputs)
+        forward_backward(inputs, upstream)
+    _sync()
+    fwd = _median_seconds(lambda: forward(inputs), repeats)
+    both = _median_seconds(lambda: forward_backward(inputs, upstream), repeats)
+    weight_bytes = sum(
+        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in stage.trainable_variables
+    )
+    layer = LayerProfile(
+        name=name,
+        forward_time=fwd,
+        backward_time=max(0.0, both - fwd),
+        output_bytes=float(_bytes_per_example(outputs)),
+        weight_bytes=float(weight_bytes),
+    )
+    return layer, outputs
 
 
 def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repeats=7):
