@@ -16,7 +16,8 @@ INSTALL_REQUIRES = [
     "scikit-learn>=1.5,<2",
 ]
 EXTRAS_REQUIRE = {
-    "test": ["pytest>=8,<10"],
+    # matplotlib: tests/test_benchmarks.py runs the benchmarks, plots included.
+    "test": ["pytest>=8,<10", "matplotlib>=3.8,<4"],
     "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
     "bench": ["matplotlib>=3.8,<4"],  # the PNG plots of benchmarks/
 }

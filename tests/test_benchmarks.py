@@ -1,0 +1,326 @@
+"""Smoke tests of `benchmarks/accuracy.py` and `benchmarks/prediction.py` on a tiny setting.
+
+Both scripts run in this process (conftest's 4 logical devices) on the zoo's `small_cnn`, 64
+digits and 2 epochs. Their outputs are checked against independent computations: the
+tables against statistics recomputed with NumPy from the raw JSON-lines records, the `sync`
+pipeline against single-device `model.fit` (both are sequential SGD), a reused trainer
+against a fresh one, and the measured prediction horizons against SpecTrain's version-gap
+formula written out here.
+"""
+
+import json
+import math
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import accuracy  # noqa: E402
+import common  # noqa: E402
+import prediction  # noqa: E402
+
+N = 4
+LR = 0.01
+TINY = [
+    "--models", "small_cnn", "--stages", str(N), "--lrs", str(LR), "--epochs", "2",
+    "--limit", "64", "--batch-size", "16",
+]
+ACCURACY_CONFIGS = ["single", "sync", "spectrain-paper"]
+SEEDS = [0, 1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def accuracy_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("accuracy")
+    argv = TINY + [
+        "--configs", ",".join(ACCURACY_CONFIGS), "--seeds", ",".join(map(str, SEEDS)),
+        "--reference-seeds", "0", "--workers", "0", "--work-dir", str(work),
+    ]
+    results = accuracy.main(argv)
+    return work, argv, results
+
+
+@pytest.fixture(scope="module")
+def prediction_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("prediction")
+    prediction.main(TINY + ["--every", "1", "--work-dir", str(work)])
+    return work, common.read_jsonl(str(work / "prediction.jsonl"))
+
+
+def records(work):
+    out = []
+    for path in sorted(work.glob("*.jsonl")):
+        out += common.read_jsonl(str(path))
+    return out
+
+
+def table_after(text, title):
+    """The rows (lists of cells) of the first markdown table after a line holding `title`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if title in line)
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif rows:
+            break
+    return rows[0], rows[2:]  # header, body (without the |---| line)
+
+
+# --- accuracy.py -------------------------------------------------------------------------
+
+
+def test_accuracy_table_has_a_row_per_configuration(accuracy_run):
+    work, _, _ = accuracy_run
+    text = (work / "accuracy.md").read_text()
+    for title in ("final test accuracy", "final training loss", "minus single-device"):
+        header, body = table_after(text, title)
+        assert header == ["configuration", f"lr {LR:g}, N={N}"]
+        expected = [c for c in ACCURACY_CONFIGS if title != "minus single-device" or c != "single"]
+        assert [row[0] for row in body] == expected
+
+
+def test_accuracy_table_matches_the_records(accuracy_run):
+    work, _, _ = accuracy_run
+    _, body = table_after((work / "accuracy.md").read_text(), "final test accuracy")
+    found = records(work)
+    assert len(found) == len(ACCURACY_CONFIGS) * len(SEEDS)
+    for row in body:
+        finals = [r["result"]["test_accuracy"][-1] for r in found if r["spec"]["config"] == row[0]]
+        assert len(finals) == len(SEEDS)
+        mean, std = re.match(r"([\d.]+) ± ([\d.]+)", row[1]).groups()
+        assert float(mean) == pytest.approx(100 * np.mean(finals), abs=0.051)
+        assert float(std) == pytest.approx(100 * np.std(finals, ddof=1), abs=0.051)
+
+
+def test_accuracy_numbers_are_plausible(accuracy_run):
+    work, _, _ = accuracy_run
+    for record in records(work):
+        result = record["result"]
+        assert len(result["test_accuracy"]) == len(result["train_loss"]) == 2
+        assert all(0.0 <= a <= 1.0 for a in result["test_accuracy"])
+        # Cross-entropy over 10 classes: positive, and from near log(10) at the start.
+        assert all(0.0 < v < 3 * math.log(10) for v in result["train_loss"])
+        assert not result["diverged"]
+        assert (result["cuts"] is None) == (record["spec"]["config"] == "single")
+
+
+def test_accuracy_plot_is_a_png(accuracy_run):
+    work, _, _ = accuracy_run
+    for name in ("accuracy.png", "accuracy-loss.png"):
+        assert (work / name).read_bytes()[:8] == PNG
+
+
+def test_sync_pipeline_trains_like_single_device_fit(accuracy_run):
+    """`sync` is sequential SGD: the same curve as plain Keras `model.fit`."""
+    work, _, _ = accuracy_run
+    by = {(r["spec"]["config"], r["spec"]["seed"]): r["result"] for r in records(work)}
+    for seed in SEEDS:
+        single, sync = by[("single", seed)], by[("sync", seed)]
+        np.testing.assert_allclose(sync["train_loss"], single["train_loss"], rtol=1e-4)
+        np.testing.assert_allclose(sync["test_accuracy"], single["test_accuracy"], atol=1e-6)
+
+
+def test_reused_trainer_trains_like_a_fresh_one(accuracy_run):
+    """Seed 1 ran on the trainer that had trained seed 0: a new trainer must agree."""
+    work, _, results = accuracy_run
+    spec = next(s for s in results if s.config == "spectrain-paper" and s.seed == SEEDS[-1])
+    fresh = common.Runner(common.prepare_tensorflow(N)).run(spec)
+    np.testing.assert_allclose(fresh["train_loss"], results[spec]["train_loss"], rtol=1e-6)
+    np.testing.assert_allclose(fresh["test_accuracy"], results[spec]["test_accuracy"])
+
+
+def test_accuracy_resumes_without_rerunning(accuracy_run, capsys):
+    work, argv, results = accuracy_run
+    before = len(records(work))
+    again = accuracy.main(argv)
+    assert len(records(work)) == before
+    assert f"{before} already done; 0 to run" in capsys.readouterr().out
+    assert {s: r["test_accuracy"] for s, r in again.items()} == {
+        s: r["test_accuracy"] for s, r in results.items()
+    }
+
+
+# --- prediction.py -----------------------------------------------------------------------
+
+
+def paper_gaps(k, n):
+    """SpecTrain's version gaps (SPECTRAIN.md section 4), written out independently."""
+    return k // 2 + n - 1 - k, k // 2
+
+
+def test_prediction_horizons_follow_the_version_gaps(prediction_run):
+    _, runs = prediction_run
+    assert [r["spec"]["config"] for r in runs] == list(prediction.CONFIGS)
+    for run in runs:
+        config = run["spec"]["config"]
+        measured = run["measurements"]
+        assert measured, config
+        for m in measured:
+            s_f, s_b = paper_gaps(m["stage"], N)
+            if config == "spectrain-consistent":
+                expected = {"forward": N - 1 - m["stage"]}
+            else:  # paper, and the staleness SpecTrain's paper rule corrects
+                expected = {"forward": s_f, "backward": s_b}
+            assert m["target_version"] - m["used_version"] == expected[m["pass"]]
+            assert expected[m["pass"]] > 0
+
+
+def test_vanilla_and_stash_measure_the_staleness_itself(prediction_run):
+    """Without prediction a forward uses the stage's current weights, so the distance is
+    the staleness (ratio 1); so does vanilla's backward. Stash's backward uses the
+    forward's older weights: not the current ones."""
+    _, runs = prediction_run
+    by_config = {run["spec"]["config"]: run["measurements"] for run in runs}
+    for config in ("vanilla", "stash"):
+        for m in by_config[config]:
+            if config == "vanilla" or m["pass"] == "forward":
+                assert m["error"] == m["baseline"] > 0
+                assert m["ratio"] == 1.0
+    stash_backward = [m for m in by_config["stash"] if m["pass"] == "backward"]
+    assert stash_backward and any(m["error"] != m["baseline"] for m in stash_backward)
+
+
+def test_prediction_tables_match_the_records(prediction_run):
+    work, runs = prediction_run
+    text = (work / "prediction.md").read_text()
+    header, body = table_after(text, "Mean prediction error ratio per stage")
+    assert header == ["setting", "pass"] + [f"stage {k}" for k in range(N)]
+    rows = {(row[0], row[1]): row[2:] for row in body}
+    for run in runs:
+        config = run["spec"]["config"]
+        if not config.startswith("spectrain"):
+            continue
+        for kind in ("forward", "backward"):
+            label = (f"{config}, N={N}, lr {LR:g} (small_cnn)", kind)
+            for k in range(N):
+                ratios = [m["ratio"] for m in run["measurements"]
+                          if m["stage"] == k and m["pass"] == kind and math.isfinite(m["ratio"])]
+                if not ratios:
+                    assert label not in rows or rows[label][k] == "-"
+                    continue
+                assert float(rows[label][k]) == pytest.approx(np.mean(ratios), abs=5e-4)
+    header, body = table_after(text, "Mean forward distance")
+    assert [row[0].split(",")[0] for row in body] == list(prediction.CONFIGS)
+
+
+def test_prediction_plots_are_pngs(prediction_run):
+    work, _ = prediction_run
+    for name in ("prediction.png", "staleness.png"):
+        assert (work / name).read_bytes()[:8] == PNG
+
+
+# --- pure helpers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.5], [0.9, 0.95, 0.97], [0.1, float("nan"), 0.3], [2.0, 2.0, 2.0, 5.0]],
+)
+def test_summarise_matches_numpy(values):
+    finite = np.array([v for v in values if math.isfinite(v)])
+    got = common.summarise(values)
+    assert got["mean"] == pytest.approx(finite.mean())
+    assert got["std"] == pytest.approx(finite.std(ddof=1) if len(finite) > 1 else 0.0)
+    assert (got["min"], got["max"]) == (finite.min(), finite.max())
+    assert got["n_nan"] == len(values) - len(finite)
+
+
+def test_summarise_of_nothing_finite_is_nan():
+    got = common.summarise([float("nan")])
+    assert math.isnan(got["mean"]) and got["n"] == 0 and got["n_nan"] == 1
+
+
+@pytest.mark.parametrize(
+    "kind, choices, text, message",
+    [
+        (float, None, "0.01,abc", "not a valid float"),
+        (float, None, "0.01,-1", "finite number > 0"),
+        (float, None, "0.01,inf", "finite number > 0"),
+        (int, None, "0,0", "twice"),
+        (int, None, "-1", ">= 0"),
+        (str, ("vgg", "resnet20"), "vgg,resnet2", "did you mean 'resnet20'"),
+        (str, ("vgg",), " , ", "at least one"),
+    ],
+)
+def test_list_arguments_reject_bad_values(kind, choices, text, message):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        common.csv_of(kind, choices)(text)
+
+
+@pytest.mark.parametrize("text, expected", [("0.01,0.03", [0.01, 0.03]), ("1e-2", [0.01])])
+def test_list_arguments_parse(text, expected):
+    assert common.csv_of(float)(text) == expected
+
+
+def test_markdown_table_rejects_ragged_rows():
+    with pytest.raises(ValueError, match="Every row must have 2 cells"):
+        common.markdown_table(["a", "b"], [["1", "2"], ["3"]])
+
+
+@pytest.mark.parametrize(
+    "configs, stages, lrs, seeds, reference_seeds",
+    [
+        ("single", "4,8", "0.01", "0,1,2", "0"),
+        ("dp,sync", "4", "0.01,0.03", "0", "0"),
+        ("sync,vanilla", "4,8", "0.01", "0,1,2", "1"),
+        ("single,dp,vanilla,spectrain-paper", "4,8", "0.01,0.03", "0,1,2", "2"),
+    ],
+)
+def test_grid_runs_baselines_once_and_pipelines_per_depth(configs, stages, lrs, seeds,
+                                                           reference_seeds):
+    args = accuracy.parse_args(["--models", "vgg", "--configs", configs, "--stages", stages,
+                                "--lrs", lrs, "--seeds", seeds,
+                                "--reference-seeds", reference_seeds])
+    specs = accuracy.grid(args)
+    n_seeds = len(seeds.split(","))
+    n_reference = min(int(reference_seeds), n_seeds) or n_seeds
+    expected = 0
+    for c in configs.split(","):
+        depths = 1 if c in ("single", "dp") else len(stages.split(","))
+        seeds_of_c = n_reference if c == "sync" else n_seeds
+        expected += depths * len(lrs.split(",")) * seeds_of_c
+    assert len(specs) == len(set(specs)) == expected
+    for spec in specs:
+        want = {"single": {1}, "dp": {accuracy.DP_REPLICAS}}.get(
+            spec.config, {int(n) for n in stages.split(",")})
+        assert spec.stages in want
+
+
+@pytest.mark.parametrize("model", ["vgg", "resnet20"])
+def test_balanced_cuts_give_every_stage_weights(model):
+    import tf_spectrain
+
+    built = common.build_model(model)
+    for n in range(2, 9):
+        cuts, shares = common.balanced_cuts(built, n)
+        assert len(cuts) == n - 1
+        assert sum(shares) == pytest.approx(1.0)
+        for stage in tf_spectrain.partition.split_model(built, cuts):
+            assert stage.count_params() > 0, (model, n, cuts)
+
+
+def test_paired_table_counts_wins_on_the_same_seed(accuracy_run):
+    """Recounts the paired table from the raw records, matching runs by seed."""
+    work, _, _ = accuracy_run
+    header, body = table_after((work / "accuracy.md").read_text(), "Paired comparison")
+    assert header[1:] == ACCURACY_CONFIGS
+    final = {(r["spec"]["config"], r["spec"]["seed"]): r["result"]["train_loss"][-1]
+             for r in records(work)}
+    for row in body:
+        for b, cell in zip(header[1:], row[1:]):
+            if b == row[0]:
+                assert cell == "-"
+                continue
+            wins = sum(final[(row[0], s)] < final[(b, s)] for s in SEEDS)
+            assert cell == f"{wins}/{len(SEEDS)}"
+    # The table is not trivially zero: single-device SGD and spectrain differ somewhere.
+    assert any(cell not in ("-", "0/2") for row in body for cell in row[1:])
