@@ -17,14 +17,17 @@ backward predictions) and the consistent one (one forward prediction, reused). F
 and stash, which do not predict, `W_used = W_stale` and the distance is the staleness
 itself, against the version SpecTrain's paper rule aims at: the error SpecTrain corrects.
 
-The script prints two tables (mean ratio per stage; mean distance per stage), writes them to
+The script prints three tables (mean ratio per stage; ratio by horizon, i.e. how many
+updates ahead a prediction looks; mean distance per stage), writes them to
 `<work-dir>/prediction.md` with every measurement in `<work-dir>/prediction.jsonl`, and
 draws the ratio per stage over epochs (`--plot`) and the distances (`--plot-distance`).
+`--report-only` redoes the tables and plots from the records without training.
 """
 
 import argparse
 import math
 import os
+import statistics
 import sys
 import tempfile
 
@@ -56,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--work-dir", help="default runs/benchmarks/prediction-<quick|full>")
     p.add_argument("--plot", help="ratio PNG (default <work-dir>/prediction.png)")
     p.add_argument("--plot-distance", help="distance PNG (default <work-dir>/staleness.png)")
+    p.add_argument("--report-only", action="store_true",
+                   help="redo the tables and plots from <work-dir>/prediction.jsonl")
     args = p.parse_args(argv)
     setting = "quick" if args.quick else "full"
     for name, value in SETTINGS[setting].items():
@@ -105,6 +110,16 @@ def run_all(args):
                           f"test accuracy {result['test_accuracy'][-1]:.3f}, "
                           f"{result['seconds']:.0f} s", flush=True)
     return runs
+
+
+def read_runs(args):
+    """The runs recorded in `<work-dir>/prediction.jsonl` (for `--report-only`)."""
+    path = os.path.join(args.work_dir, "prediction.jsonl")
+    records = common.read_jsonl(path)
+    if not records:
+        raise SystemExit(f"--report-only needs the records of an earlier run; {path} "
+                         "is missing or empty.")
+    return [(common.RunSpec(**r["spec"]), r["result"], r["measurements"]) for r in records]
 
 
 def mean_by(measurements, value, *keys):
@@ -160,6 +175,30 @@ def distance_table(runs):
                 cells.append(f"{error[(k,)][0]:.4f}")
         rows.append([_label(spec)] + cells)
     head = ["setting"] + [f"stage {k}" for k in range(width)]
+    return common.markdown_table(head, rows)
+
+
+def horizon_table(runs):
+    """The ratio by how far ahead the prediction looks, over every predicting run.
+
+    The horizon of a measurement is `target_version - used_version`: SpecTrain's version
+    gap (`s_f(k)` or `s_b(k)` for the paper's target, `N - 1 - k` for the consistent one).
+    """
+    groups = {}
+    for spec, _, found in runs:
+        if not spec.config.startswith("spectrain"):
+            continue
+        for m in found:
+            if math.isfinite(m["ratio"]):
+                key = (m["pass"], m["target_version"] - m["used_version"])
+                groups.setdefault(key, []).append(m["ratio"])
+    rows = []
+    for (kind, h), ratios in sorted(groups.items()):
+        below = sum(r < 1 for r in ratios) / len(ratios)
+        rows.append([kind, h, len(ratios), f"{statistics.fmean(ratios):.3f}",
+                     f"{statistics.median(ratios):.3f}", f"{100 * below:.0f}%"])
+    head = ["pass", "horizon (updates ahead)", "measurements", "mean ratio", "median ratio",
+            "prediction better than stale"]
     return common.markdown_table(head, rows)
 
 
@@ -247,6 +286,9 @@ def report(runs, args):
         "**Mean prediction error ratio per stage** (`|W_hat - W_target| / "
         "|W_stale - W_target|`; below 1: better than stale weights)", "",
         ratio_table(runs), "",
+        "**Ratio by horizon**: all predicting runs above, pooled by pass and by how many "
+        "updates ahead the prediction looks", "",
+        horizon_table(runs), "",
         "**Mean forward distance `|W_used - W_target|` per stage** (SpecTrain: its error, "
         "with the stale weights' distance in brackets; vanilla, stash: the staleness)", "",
         distance_table(runs),
@@ -255,7 +297,7 @@ def report(runs, args):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    runs = run_all(args)
+    runs = read_runs(args) if args.report_only else run_all(args)
     text = report(runs, args)
     for path in (args.plot, args.plot_distance):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

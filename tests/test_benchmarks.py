@@ -324,3 +324,80 @@ def test_paired_table_counts_wins_on_the_same_seed(accuracy_run):
             assert cell == f"{wins}/{len(SEEDS)}"
     # The table is not trivially zero: single-device SGD and spectrain differ somewhere.
     assert any(cell not in ("-", "0/2") for row in body for cell in row[1:])
+
+
+def test_data_parallel_baseline_is_large_batch_sgd():
+    """The benchmarks' `dp` (Keras fit under MirroredStrategy on 4 logical devices) takes
+    the same steps as single-device SGD on the whole batch: the gradients of the replicas'
+    quarter batches are averaged, not summed. Checked on a model without BatchNorm (with
+    BatchNorm each replica normalises its own quarter, the one intended difference)."""
+    import keras
+    import tensorflow as tf
+
+    from conftest import DEVICES
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = rng.integers(0, 3, 64).astype("int32")
+
+    def train(scope):
+        with scope:
+            keras.utils.set_random_seed(5)
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, "tanh"),
+                                      keras.layers.Dense(3)])
+            model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        start = model.get_weights()
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        return start, model.get_weights()
+
+    start, single = train(tf.device(DEVICES[0]))
+    dp_start, dp = train(tf.distribute.MirroredStrategy(DEVICES[:4]).scope())
+    for a, b in zip(dp_start, start):
+        np.testing.assert_array_equal(a, b)
+    # Training moved the weights far more than the tolerance below.
+    assert max(np.abs(w - w0).max() for w, w0 in zip(single, start)) > 0.05
+    for a, b in zip(dp, single):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_horizon_table_pools_ratios_by_version_gap(prediction_run):
+    """Recomputes the ratio-by-horizon table from the records, with the horizon taken from
+    SpecTrain's version-gap formula (not from the recorded versions)."""
+    work, runs = prediction_run
+    header, body = table_after((work / "prediction.md").read_text(), "Ratio by horizon")
+    assert header[:3] == ["pass", "horizon (updates ahead)", "measurements"]
+    expected = {}
+    for run in runs:
+        config = run["spec"]["config"]
+        if not config.startswith("spectrain"):
+            continue
+        for m in run["measurements"]:
+            s_f, s_b = paper_gaps(m["stage"], N)
+            if config == "spectrain-consistent":
+                h = N - 1 - m["stage"]
+            else:
+                h = s_f if m["pass"] == "forward" else s_b
+            expected.setdefault((m["pass"], h), []).append(m["ratio"])
+    assert len(body) == len(expected) >= 3
+    for row in body:
+        ratios = np.array(expected[(row[0], int(row[1]))])
+        assert int(row[2]) == len(ratios)
+        assert float(row[3]) == pytest.approx(ratios.mean(), abs=5e-4)
+        assert float(row[4]) == pytest.approx(np.median(ratios), abs=5e-4)
+        assert row[5] == f"{100 * np.mean(ratios < 1):.0f}%"
+
+
+def test_prediction_report_only_redoes_the_tables_without_training(prediction_run, tmp_path):
+    work, _ = prediction_run
+    before = (work / "prediction.md").read_text()
+    runs = prediction.main(TINY + ["--work-dir", str(work), "--report-only",
+                                   "--plot", str(tmp_path / "p.png"),
+                                   "--plot-distance", str(tmp_path / "d.png")])
+    assert len(runs) == len(prediction.CONFIGS)
+    after = (work / "prediction.md").read_text()
+    # The same tables; only the command line in the first line differs.
+    assert after.splitlines()[1:] == before.splitlines()[1:]
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG
+    with pytest.raises(SystemExit, match="--report-only needs"):
+        prediction.main(TINY + ["--work-dir", str(tmp_path / "empty"), "--report-only"])
