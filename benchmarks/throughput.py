@@ -119,7 +119,11 @@ def child(args):
         _reset_peak_memory(tf, device)
     trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
     steady = (args.steps - args.skip - 1) * args.batch_size / (stamps[-1] - stamps[args.skip + 1])
-    whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
+    # The whole epoch: for a pipeline the executor's wall time, which includes the drain
+    # (the backward passes still running after the last mini-batch's loss, which the batch
+    # callbacks report); for model.fit the first callback to the last.
+    seconds = getattr(trainer, "epoch_seconds", None) or stamps[-1] - stamps[0]
+    whole = args.steps * args.batch_size / seconds
     out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb()}
     out["device_peak_mb"] = [_peak_memory_mb(tf, d) for d in devices]
     if hasattr(trainer, "runners"):
@@ -174,7 +178,9 @@ def _median_list(runs, key):
     values = [r[key] for r in runs if r.get(key) is not None]
     if not values:
         return None
-    return [statistics.median(column) for column in zip(*values)]
+    columns = [[v for v in column if v is not None] for column in zip(*values)]
+    # A device TensorFlow keeps no statistics for (a CPU) gives None in every repeat.
+    return [statistics.median(column) if column else None for column in columns]
 
 
 def _memory(runs):
