@@ -47,8 +47,11 @@ EOF
     echo
 } > "$OUT"
 
-# About 5 minutes on one modern GPU: 7 configurations x 2 rounds, 24 timed steps each.
-python benchmarks/throughput.py --stages 4 --batch-size 128 --steps 24 --skip 4 --repeats 2 \
+# One round of 7 configurations, each a fresh process (start-up and tracing dominate on a
+# GPU: an estimated 20-30 s each), so that with the cost-model check (3-4 minutes) the whole
+# script stays under 8 minutes. For a median of several rounds run throughput.py with
+# --repeats 2 or more.
+python benchmarks/throughput.py --stages 4 --batch-size 128 --steps 24 --skip 4 --repeats 1 \
     --configs single,dp,sync,stash,spectrain-consistent,spectrain-paper,vanilla \
     --out "$OUT.throughput"
 cat "$OUT.throughput" >> "$OUT" && rm -f "$OUT.throughput"
