@@ -327,10 +327,16 @@ def test_paired_table_counts_wins_on_the_same_seed(accuracy_run):
 
 
 def test_data_parallel_baseline_is_large_batch_sgd():
-    """The benchmarks' `dp` (Keras fit under MirroredStrategy on 4 logical devices) takes
-    the same steps as single-device SGD on the whole batch: the gradients of the replicas'
-    quarter batches are averaged, not summed. Checked on a model without BatchNorm (with
-    BatchNorm each replica normalises its own quarter, the one intended difference)."""
+    """The benchmarks' `dp` (Keras fit under MirroredStrategy) takes the same steps as
+    single-device SGD on the whole batch: the gradients of the replicas' shares of the
+    batch are averaged, not summed. Checked on a model without BatchNorm (with BatchNorm
+    each replica normalises its own share, the one intended difference).
+
+    The gradients are reduced on one device here, not with collective ops: TensorFlow's
+    collective group and instance keys are shared by every MirroredStrategy in a process,
+    and a second strategy on the same devices (test_cli's `dp` run) then fails with
+    "joining a group with size 2, but that group has size 4" or a shape mismatch. How
+    the sum is formed does not change whether the replicas' gradients are averaged."""
     import keras
     import tensorflow as tf
 
@@ -352,7 +358,9 @@ def test_data_parallel_baseline_is_large_batch_sgd():
         return start, model.get_weights()
 
     start, single = train(tf.device(DEVICES[0]))
-    dp_start, dp = train(tf.distribute.MirroredStrategy(DEVICES[:4]).scope())
+    strategy = tf.distribute.MirroredStrategy(
+        DEVICES[:4], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    dp_start, dp = train(strategy.scope())
     for a, b in zip(dp_start, start):
         np.testing.assert_array_equal(a, b)
     # Training moved the weights far more than the tolerance below.
