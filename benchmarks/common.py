@@ -41,7 +41,6 @@ INPUT_SHAPE = (32, 32, 3)
 # VGG16's filters per convolution in each block, and its fully connected width.
 _VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
 _VGG16_FC = 512
-_RESNET20_FILTERS = (16, 32, 64)
 
 
 # --- TensorFlow set-up -------------------------------------------------------------------
@@ -126,25 +125,6 @@ def vgg_narrow(input_shape, num_classes, divisor=8):
     return keras.Model(inputs, outputs, name=f"vgg16_div{divisor}")
 
 
-def _basic_block(x, filters, stride, name):
-    from keras import layers
-
-    from tf_spectrain.models.common import batch_norm
-
-    conv = dict(padding="same", use_bias=False, kernel_initializer="he_normal")
-    y = layers.Conv2D(filters, 3, strides=stride, name=f"{name}_conv1", **conv)(x)
-    y = batch_norm(f"{name}_bn1")(y)
-    y = layers.Activation("relu", name=f"{name}_relu1")(y)
-    y = layers.Conv2D(filters, 3, name=f"{name}_conv2", **conv)(y)
-    y = batch_norm(f"{name}_bn2")(y)
-    shortcut = x
-    if stride != 1 or x.shape[-1] != filters:
-        shortcut = layers.Conv2D(filters, 1, strides=stride, name=f"{name}_shortcut_conv", **conv)(x)
-        shortcut = batch_norm(f"{name}_shortcut_bn")(shortcut)
-    y = layers.Add(name=f"{name}_add")([y, shortcut])
-    return layers.Activation("relu", name=f"{name}_out")(y)
-
-
 def resnet20_digits(input_shape, num_classes):
     """ResNet-20 (He et al.'s CIFAR layout and widths) on images halved to 16x16.
 
@@ -160,26 +140,11 @@ def resnet20_digits(input_shape, num_classes):
     Returns:
         A functional `keras.Model` named `resnet20_digits` that outputs logits.
     """
-    import keras
-    from keras import layers
+    from tf_spectrain.models import resnet
 
-    from tf_spectrain.models.common import batch_norm
-
-    inputs = keras.Input(shape=tuple(input_shape), name="input")
-    x = layers.AveragePooling2D(2, name="downsample")(inputs)
-    x = layers.Conv2D(
-        _RESNET20_FILTERS[0], 3, padding="same", use_bias=False,
-        kernel_initializer="he_normal", name="conv1",
-    )(x)
-    x = batch_norm("bn1")(x)
-    x = layers.Activation("relu", name="relu1")(x)
-    for stage, filters in enumerate(_RESNET20_FILTERS, start=1):
-        for block in range(1, 4):
-            stride = 2 if stage > 1 and block == 1 else 1
-            x = _basic_block(x, filters, stride, f"stage{stage}_block{block}")
-    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    outputs = layers.Dense(num_classes, name="predictions")(x)
-    return keras.Model(inputs, outputs, name="resnet20_digits")
+    return resnet.cifar_resnet(
+        input_shape, num_classes, blocks_per_stage=3, name="resnet20_digits", downsample=True
+    )
 
 
 MODEL_NAMES = ("vgg", "resnet20", "small_cnn")
@@ -501,6 +466,58 @@ class Runner:
             "cuts": cuts,
             "diverged": diverged or missing > 0,
         }
+
+
+# --- timing on synthetic data (throughput.py, speedup.py) -------------------------------
+
+
+def synthetic_images(batch_size, steps):
+    """`steps` cached mini-batches of random 32x32x3 images and labels of 10 classes.
+
+    The data come from a NumPy generator seeded with 0: every configuration and every
+    process times the same batches.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    size = batch_size * steps
+    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache()
+
+
+def batch_clock():
+    """A Keras callback that times an epoch mini-batch by mini-batch.
+
+    Its `stamps` get `time.perf_counter()` at the start of the epoch and at the end of
+    every mini-batch (for a pipeline: when the mini-batch's loss is known, before the
+    drain). Give it to one single-epoch `fit`.
+    """
+    import keras
+
+    class BatchClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.stamps = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.stamps.append(time.perf_counter())
+
+        def steady(self, batch_size, skip):
+            """Images/s from the end of mini-batch `skip` to the end of the last one."""
+            batches = len(self.stamps) - 1
+            return (batches - skip - 1) * batch_size / (self.stamps[-1] - self.stamps[skip + 1])
+
+        def whole(self, batch_size):
+            """Images/s from the start of the epoch to the end of its last mini-batch."""
+            batches = len(self.stamps) - 1
+            return batches * batch_size / (self.stamps[-1] - self.stamps[0])
+
+    return BatchClock()
 
 
 # --- records and tables ------------------------------------------------------------------

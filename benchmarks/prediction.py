@@ -209,75 +209,74 @@ def _epoch_curve(found, stage, kind, value="ratio"):
     return [e + 1 for e in epochs], [means[(e,)][0] for e in epochs]
 
 
-def plot_ratios(runs, path):
-    """Ratio per stage over epochs: one panel per predicting configuration and setting."""
+def _plot_panels(runs, path, title, draw, sharey=False):
+    """One panel per run, 4 to a row, each drawn by `draw(ax, spec, found, colour)`.
+
+    Every panel gets the run's label as title, integer epochs on the x axis, a grid and a
+    legend; panels left over in the last row are blanked. `colour(k)` gives stage k of
+    the run its colour. The figure is written to `path`.
+    """
     plt = common.pyplot()
     from matplotlib.ticker import MaxNLocator
+
+    cols = min(4, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False,
+                             sharey=sharey)
+    viridis = plt.get_cmap("viridis")
+    for ax, (spec, _, found) in zip(axes.flat, runs):
+        draw(ax, spec, found, lambda k, n=spec.stages: viridis(k / max(n - 1, 1)))
+        ax.set_title(_label(spec), fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_ratios(runs, path):
+    """Ratio per stage over epochs: one panel per predicting configuration and setting."""
     runs = [r for r in runs if r[0].config.startswith("spectrain")]
     if not runs:
         return
-    cols = min(4, len(runs))
-    rows = -(-len(runs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
-    for ax, (spec, _, found) in zip(axes.flat, runs):
-        colours = plt.get_cmap("viridis")
+
+    def draw(ax, spec, found, colour):
         for k in range(spec.stages):
             for kind, style in (("forward", "-"), ("backward", "--")):
                 x, y = _epoch_curve(found, k, kind)
                 if x:
                     label = f"stage {k}" if kind == "forward" else None
-                    ax.plot(x, y, style, marker=".", color=colours(k / max(spec.stages - 1, 1)),
-                            label=label)
+                    ax.plot(x, y, style, marker=".", color=colour(k), label=label)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_title(_label(spec), fontsize=9)
-        ax.set_xlabel("epoch")
         ax.set_ylabel("|W_hat - W_target| / |W_stale - W_target|", fontsize=7)
         ax.set_ylim(bottom=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.axis("off")
-    fig.suptitle("prediction error ratio per stage (solid: forward, dashed: backward); "
-                 "below 1 the prediction beats stale weights", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+
+    _plot_panels(runs, path, "prediction error ratio per stage (solid: forward, dashed: "
+                 "backward); below 1 the prediction beats stale weights", draw)
 
 
 def plot_distances(runs, path):
     """Forward-pass distance to the target per stage over epochs, every configuration."""
-    plt = common.pyplot()
-    from matplotlib.ticker import MaxNLocator
-    cols = min(4, len(runs))
-    rows = -(-len(runs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False,
-                             sharey=True)
-    for ax, (spec, _, found) in zip(axes.flat, runs):
-        colours = plt.get_cmap("viridis")
+
+    def draw(ax, spec, found, colour):
         for k in range(spec.stages):
             x, y = _epoch_curve(found, k, "forward", "error")
             if x:
-                ax.plot(x, y, marker=".", color=colours(k / max(spec.stages - 1, 1)),
-                        label=f"stage {k}")
+                ax.plot(x, y, marker=".", color=colour(k), label=f"stage {k}")
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(_label(spec), fontsize=9)
-        ax.set_xlabel("epoch")
         ax.set_ylabel("|W_used - W_target|", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.axis("off")
-    fig.suptitle("forward pass: distance of the weights used to the weights aimed at "
-                 "(vanilla, stash: the staleness)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+
+    _plot_panels(runs, path, "forward pass: distance of the weights used to the weights "
+                 "aimed at (vanilla, stash: the staleness)", draw, sharey=True)
 
 
 def report(runs, args):
-    """The markdown of both tables, with the command."""
+    """The markdown of the three tables, with the command."""
     command = " ".join(["python", "benchmarks/prediction.py"] + sys.argv[1:])
     return "\n".join([
         f"`{command}`: digits, batch {args.batch_size}, {args.epochs} epochs, momentum 0.9, "

@@ -30,6 +30,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
 PAPER_SPEEDUP = 8.91
 # A 2017-2018 GPU (P100 / GTX 1080 Ti class) runs float32 matrix products at about 10 TFLOP/s.
 DEFAULT_GPU_TFLOPS = 10.0
@@ -197,8 +200,6 @@ def child_machine(args):
 
 def child_train(args):
     """Times one epoch of training in one configuration; prints images/s as JSON."""
-    import tensorflow as tf
-
     import tf_spectrain
 
     if args.mode == "single":  # the first device, GPUs first, with TensorFlow's defaults
@@ -206,32 +207,16 @@ def child_train(args):
     else:
         devices = tf_spectrain.setup_devices(args.stages)
     import keras
-    import numpy as np
 
     keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    size = args.batch_size * args.steps
-    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, size).astype("int32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size).cache()
+    data = common.synthetic_images(args.batch_size, args.steps)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     trainer = _trainer(args, devices, loss)
-    stamps = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            stamps.append(time.perf_counter())
-
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
+    clock = common.batch_clock()
     trainer.fit(data.take(2), epochs=1, verbose=0)  # tracing
-    stamps.clear()
-    trainer.fit(data, epochs=1, verbose=0, callbacks=[Clock()])
-    skip = args.skip
-    steady = (args.steps - skip - 1) * args.batch_size / (stamps[-1] - stamps[skip + 1])
-    whole = args.steps * args.batch_size / (stamps[-1] - stamps[0])
-    print(json.dumps({"steady": steady, "epoch": whole}))
+    trainer.fit(data, epochs=1, verbose=0, callbacks=[clock])
+    steady = clock.steady(args.batch_size, args.skip)
+    print(json.dumps({"steady": steady, "epoch": clock.whole(args.batch_size)}))
 
 
 def _trainer(args, devices, loss):

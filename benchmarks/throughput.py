@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
 CONFIGS = {
     "single": dict(mode="single"),
     "dp": dict(mode="dp"),
@@ -66,14 +69,9 @@ def child(args):
         warnings.simplefilter("ignore")
         devices = tf_spectrain.setup_devices(n)
     import keras
-    import numpy as np
 
     keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    size = args.batch_size * args.steps
-    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, size).astype("int32")
-    full = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size).cache()
+    full = common.synthetic_images(args.batch_size, args.steps)
     warm = full.take(args.warmup)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -99,31 +97,22 @@ def child(args):
         )
         trainer.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss)
 
-    stamps = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            stamps.append(time.perf_counter())
-
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
-    callbacks = [Clock()]
+    clock = common.batch_clock()
+    callbacks = [clock]
     if args.telemetry:
         import tempfile
 
         callbacks.append(tf_spectrain.callbacks.Telemetry(tempfile.mkdtemp(), prediction_every=10))
     trainer.fit(warm, epochs=1, verbose=0)
-    stamps.clear()
     for device in devices:
         _reset_peak_memory(tf, device)
     trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
-    steady = (args.steps - args.skip - 1) * args.batch_size / (stamps[-1] - stamps[args.skip + 1])
+    steady = clock.steady(args.batch_size, args.skip)
     # The whole epoch: for a pipeline the executor's wall time, which includes the drain
     # (the backward passes still running after the last mini-batch's loss, which the batch
     # callbacks report); for model.fit the first callback to the last.
-    seconds = getattr(trainer, "epoch_seconds", None) or stamps[-1] - stamps[0]
-    whole = args.steps * args.batch_size / seconds
+    seconds = getattr(trainer, "epoch_seconds", None)
+    whole = args.steps * args.batch_size / seconds if seconds else clock.whole(args.batch_size)
     out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb()}
     out["device_peak_mb"] = [_peak_memory_mb(tf, d) for d in devices]
     if hasattr(trainer, "runners"):

@@ -32,7 +32,7 @@ def _basic_block(x, filters, stride, name):
     return layers.Activation("relu", name=f"{name}_out")(y)
 
 
-def cifar_resnet(input_shape, num_classes, blocks_per_stage, name):
+def cifar_resnet(input_shape, num_classes, blocks_per_stage, name, downsample=False):
     """Builds a CIFAR ResNet of depth `6 * blocks_per_stage + 2`.
 
     `conv1` (3x3, 16 filters) with `bn1` and `relu1`; three stages of `blocks_per_stage`
@@ -46,15 +46,18 @@ def cifar_resnet(input_shape, num_classes, blocks_per_stage, name):
         num_classes: number of classes (units of the `predictions` layer).
         blocks_per_stage: number of basic blocks in each stage, an int >= 1.
         name: name of the returned model.
+        downsample: if True, a 2x2 average pooling named `downsample` comes first and the
+            network runs on inputs of half the height and width.
 
     Returns:
         A functional `keras.Model` that outputs logits.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="input")
+    x = layers.AveragePooling2D(2, name="downsample")(inputs) if downsample else inputs
     x = layers.Conv2D(
         CIFAR_STAGE_FILTERS[0], 3, padding="same", use_bias=False,
         kernel_initializer="he_normal", name="conv1",
-    )(inputs)
+    )(x)
     x = batch_norm("bn1")(x)
     x = layers.Activation("relu", name="relu1")(x)
     for stage, filters in enumerate(CIFAR_STAGE_FILTERS, start=1):

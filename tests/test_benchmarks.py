@@ -8,7 +8,6 @@ against a fresh one, and the measured prediction horizons against SpecTrain's ve
 formula written out here.
 """
 
-import json
 import math
 import pathlib
 import re
