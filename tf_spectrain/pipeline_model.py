@@ -23,6 +23,7 @@ from tf_spectrain import devices as devices_lib
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.stage import StageRunner, as_list, one_or_list
+from tf_spectrain.runtime.state import PipelineState, Progress
 
 ON_NAN = ("stop", "skip")
 
@@ -115,10 +116,7 @@ class PipelineModel:
         self.runners = None
         self.optimizer = None
         self._epoch_run = None
-        self.epoch_progress = None  # (epoch, mini-batches done in it, mini-batches per epoch)
-        self.epoch_seconds = 0.0  # wall time of the last epoch's training part (no validation)
-        self.images_seen = 0  # training examples reported so far in this `fit`
-        self.batches_skipped = 0  # mini-batches left out by on_nan="skip" in this `fit`
+        self.progress = Progress()
         # The order of shuffled arrays in epoch e is a function of (shuffle_seed, e); drawn
         # from NumPy's global generator, so keras.utils.set_random_seed fixes it.
         self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
@@ -165,6 +163,31 @@ class PipelineModel:
         self.model.optimizer = self.runners[-1].optimizer
 
     @property
+    def state(self):
+        """The read-only `runtime.state.PipelineState` that callbacks read."""
+        return PipelineState(self, self.progress)
+
+    @property
+    def epoch_progress(self):
+        """`(epoch, mini-batches done in it, mini-batches per epoch)`, or None."""
+        return self.progress.epoch_progress
+
+    @property
+    def epoch_seconds(self):
+        """Wall time of the last epoch's training part (no validation)."""
+        return self.progress.epoch_seconds
+
+    @property
+    def images_seen(self):
+        """Training examples reported so far in this `fit`."""
+        return self.progress.images_seen
+
+    @property
+    def batches_skipped(self):
+        """Mini-batches left out by `on_nan="skip"` in this `fit`."""
+        return self.progress.batches_skipped
+
+    @property
     def stage_optimizers(self):
         """Each stage's own optimizer (after `compile`)."""
         return [r.optimizer for r in self._require_compiled()]
@@ -196,7 +219,8 @@ class PipelineModel:
     def _push_weights(self):
         partition.copy_weights(self._split, self.stages)
 
-    def _pull_weights(self):
+    def copy_weights_to_model(self):
+        """Copies the stages' weights (BatchNorm statistics included) into `model`."""
         partition.copy_weights(self.stages, self._split)
 
     # --- data ---------------------------------------------------------------------------
@@ -311,11 +335,11 @@ class PipelineModel:
         penalty = sum(float(p) for r in self.runners for p in r.penalties.pop(i, ()))
         loss = sum(float(p[0]) for p in parts) + penalty
         size = sum(int(tf.shape(p[1])[0]) for p in parts)
-        self.images_seen += size
+        self.progress.images_seen += size
         if not np.isfinite(loss):
             if on_nan == "stop":
                 raise NonFiniteLossError(self._non_finite_message(epoch, i, loss))
-            self.batches_skipped += 1
+            self.progress.batches_skipped += 1
             return
         self._loss_tracker.update_state(loss, sample_weight=size)
         for _, logits, labels in parts:
@@ -436,8 +460,8 @@ class PipelineModel:
         for runner in runners:
             runner.skip_non_finite = on_nan == "skip"
         self._attach(callbacks)
-        self.images_seen = 0
-        self.batches_skipped = 0
+        self.progress.images_seen = 0
+        self.progress.batches_skipped = 0
         verbose = 1 if verbose == "auto" else verbose
         callback_list = keras.callbacks.CallbackList(
             callbacks,
@@ -476,12 +500,12 @@ class PipelineModel:
             for runner in runners:
                 runner.timeline.clear()
                 runner.events.clear()
-            self.epoch_progress = (epoch, 0, num_batches)
+            self.progress.epoch_progress = (epoch, 0, num_batches)
 
             def on_batch(i, parts, epoch=epoch, run=run):
                 callback_list.on_train_batch_begin(i)
                 self._record_batch(epoch, i, parts, on_nan)
-                self.epoch_progress = (epoch, i + 1, num_batches)
+                self.progress.epoch_progress = (epoch, i + 1, num_batches)
                 callback_list.on_train_batch_end(i, self._logs())
                 if self.model.stop_training:
                     run.request_stop()
@@ -498,9 +522,9 @@ class PipelineModel:
                 raise
             finally:
                 self._epoch_run = None
-                self.epoch_seconds = time.perf_counter() - started
+                self.progress.epoch_seconds = time.perf_counter() - started
                 self.epochs_trained += 1
-                self._pull_weights()
+                self.copy_weights_to_model()
             logs = self._logs()
             cut_short = self.epoch_progress[1] < num_batches
             if validation_data is not None and not cut_short:

@@ -188,7 +188,7 @@ def restore_checkpoint(trainer, path, metadata=None):
         trainer.shuffle_seed = int(saved["shuffle_seed"])
         trainer.epochs_trained = int(saved["epochs_trained"])
     if _is_pipeline(trainer):
-        trainer._pull_weights()  # noqa: SLF001 - the wrapped model shows the restored weights
+        trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
 
 

@@ -1,0 +1,97 @@
+"""What callbacks may read of a pipeline while it trains: `Progress` and `PipelineState`.
+
+The epoch loop (`runtime.loop`) writes a `Progress`; callbacks read it, and the stages'
+optimizers, timelines and schedules, through the read-only `PipelineState` that
+`PipelineModel.state` returns.
+"""
+
+import dataclasses
+
+from tf_spectrain import schedule
+
+
+@dataclasses.dataclass
+class Progress:
+    """Counters of the current (or last) `fit`, written by the epoch loop."""
+
+    epoch_progress: tuple = None  # (epoch, mini-batches done in it, mini-batches per epoch)
+    epoch_seconds: float = 0.0  # wall time of the last epoch's training part (no validation)
+    images_seen: int = 0  # training examples reported so far in this `fit`
+    batches_skipped: int = 0  # mini-batches left out by on_nan="skip" in this `fit`
+
+
+def op_lists(mode, num_stages, num_batches, micro_batches=1):
+    """Each stage's instruction list for an epoch of `num_batches` mini-batches."""
+    if mode == "sync":
+        return [
+            schedule.sync_ops(k, num_stages, num_batches, micro_batches) for k in range(num_stages)
+        ]
+    return [schedule.async_ops(k, num_stages, num_batches) for k in range(num_stages)]
+
+
+class PipelineState:
+    """A read-only view of a pipeline for callbacks (`PipelineModel.state`).
+
+    Attributes:
+        num_stages, mode, spectrain_target, micro_batches, devices, cuts: the pipeline's
+            configuration.
+        plans: each stage's `modes.PassPlan` (the version gaps it uses).
+        runners: each stage's `runtime.stage.StageRunner` (after `compile`; empty before).
+        stage_optimizers: each stage's optimizer (after `compile`; empty before).
+        epoch_progress: `(epoch, mini-batches done, mini-batches per epoch)` of the
+            current or last epoch, or None before the first.
+        epoch_seconds: wall time of the last epoch's training part.
+        images_seen: training examples reported so far in this `fit`.
+        batches_skipped: mini-batches left out by `on_nan="skip"` in this `fit`.
+        timelines: per stage, the `(kind, key, start, end)` of every pass of the epoch.
+    """
+
+    def __init__(self, pipeline, progress):
+        self._pipeline = pipeline
+        self._progress = progress
+
+    def __getattr__(self, name):
+        if name in _PIPELINE_FIELDS:
+            return getattr(self._pipeline, name)
+        if name in _PROGRESS_FIELDS:
+            return getattr(self._progress, name)
+        raise AttributeError(f"`PipelineState` has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        raise AttributeError(f"`PipelineState` is read-only: cannot set {name!r}")
+
+    @property
+    def devices(self):
+        return tuple(self._pipeline.devices)
+
+    @property
+    def cuts(self):
+        return tuple(self._pipeline.cuts)
+
+    @property
+    def plans(self):
+        return tuple(self._pipeline.plans)
+
+    @property
+    def runners(self):
+        return tuple(self._pipeline.runners or ())
+
+    @property
+    def stage_optimizers(self):
+        return tuple(r.optimizer for r in self.runners)
+
+    @property
+    def timelines(self):
+        return tuple(tuple(r.timeline) for r in self.runners)
+
+    def op_lists(self, num_batches):
+        """Each stage's instruction list for an epoch of `num_batches` mini-batches."""
+        p = self._pipeline
+        return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches)
+
+
+_PIPELINE_FIELDS = frozenset({"num_stages", "mode", "spectrain_target", "micro_batches"})
+_PROGRESS_FIELDS = frozenset(f.name for f in dataclasses.fields(Progress))
