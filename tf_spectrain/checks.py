@@ -66,7 +66,9 @@ def _int_range(minimum, maximum):
     return "an integer"
 
 
-def check_int(name, value, minimum=None, maximum=None, *, meaning="", allow=(), none_ok=False):
+def check_int(
+    name, value, minimum=None, maximum=None, *, meaning="", allow=(), none_ok=False, valid=None
+):
     """Checks that `value` is an integer (not a bool) in `[minimum, maximum]`.
 
     Args:
@@ -76,18 +78,23 @@ def check_int(name, value, minimum=None, maximum=None, *, meaning="", allow=(), 
         meaning: what the number means, shown in parentheses.
         allow: strings that are accepted as they are (e.g. `("auto",)`).
         none_ok: True if None is accepted.
+        valid: what the message says is valid, instead of the range (e.g. "at most 64").
 
     Returns:
         `value` as an int (or the allowed value, or None).
 
     Raises:
         TypeError: if `value` is not an integral number (and not allowed).
-        ValueError: if it is out of range.
+        ValueError: if it is out of range, or a string that `allow` does not hold (when
+            `allow` is given, strings are of a valid type).
     """
     if (value is None and none_ok) or (isinstance(value, str) and value in allow):
         return value
-    valid = _int_range(minimum, maximum)
-    valid += "".join(f" or {a!r}" for a in allow) + (" or None" if none_ok else "")
+    if valid is None:
+        valid = _int_range(minimum, maximum)
+        valid += "".join(f" or {a!r}" for a in allow) + (" or None" if none_ok else "")
+    if allow and isinstance(value, str):
+        _fail(ValueError, name, value, valid, meaning)
     if not is_int(value):
         _fail(TypeError, name, value, valid, meaning)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -96,7 +103,8 @@ def check_int(name, value, minimum=None, maximum=None, *, meaning="", allow=(), 
 
 
 def check_number(
-    name, value, minimum=None, maximum=None, *, strict=False, allow_inf=False, meaning=""
+    name, value, minimum=None, maximum=None, *, strict=False, allow_inf=False, meaning="",
+    valid=None,
 ):
     """Checks that `value` is a real number (not a bool), finite unless `allow_inf`.
 
@@ -108,6 +116,7 @@ def check_number(
         strict: True if `minimum` itself is invalid.
         allow_inf: True if an infinite value is valid.
         meaning: what the number means, shown in parentheses.
+        valid: what the message says is valid, instead of the range (e.g. "in [0, 1)").
 
     Returns:
         `value` as a float.
@@ -116,14 +125,15 @@ def check_number(
         TypeError: if `value` is not a real number.
         ValueError: if it is NaN, infinite when that is not allowed, or out of range.
     """
-    parts = []
-    if minimum is not None:
-        parts.append(f"> {minimum:g}" if strict else f">= {minimum:g}")
-    if maximum is not None:
-        parts.append(f"< {maximum:g}")
-    valid = ("a number" if allow_inf else "a finite number") + (
-        " " + " and ".join(parts) if parts else ""
-    )
+    if valid is None:
+        parts = []
+        if minimum is not None:
+            parts.append(f"> {minimum:g}" if strict else f">= {minimum:g}")
+        if maximum is not None:
+            parts.append(f"< {maximum:g}")
+        valid = ("a number" if allow_inf else "a finite number") + (
+            " " + " and ".join(parts) if parts else ""
+        )
     if not is_number(value):
         _fail(TypeError, name, value, valid, meaning)
     number = float(value)
@@ -190,8 +200,10 @@ def check_instance(name, value, cls, hint=""):
     return value
 
 
-def check_path(name, value):
+def check_path(name, value, valid=None):
     """Checks that `value` is a non-empty path (str or `os.PathLike`); returns it as a str.
+
+    `valid`, if given, is what the message says is valid (e.g. "a path").
 
     Raises:
         TypeError: if it is not a path.
@@ -200,9 +212,9 @@ def check_path(name, value):
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str):
-        _fail(TypeError, name, value, "a path (str or os.PathLike)")
+        _fail(TypeError, name, value, valid or "a path (str or os.PathLike)")
     if not value.strip():
-        _fail(ValueError, name, value, "a non-empty path")
+        _fail(ValueError, name, value, valid or "a non-empty path")
     return value
 
 

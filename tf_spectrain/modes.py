@@ -15,24 +15,26 @@ weights), and whether the backward reuses the forward's weights and activations.
 
 import dataclasses
 
-from tf_spectrain import schedule
-from tf_spectrain.messages import did_you_mean
+from tf_spectrain import checks, schedule
 
-MODES = ("sync", "vanilla", "stash", "spectrain")
+PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
+"""The pipeline modes, in the order the command line and the docs list them."""
+MODES = PIPELINE_MODES  # the name the pipeline code has always used
+BASELINES = ("single", "dp")
+"""The baselines a pipeline is compared with: one device, and data parallelism."""
+ALL_MODES = PIPELINE_MODES + BASELINES
+"""Every mode `train.py` and the benchmarks train in."""
 TARGETS = schedule.TARGETS
 
 
-def _choice_error(name, value, choices):
-    hint = did_you_mean(value, choices)
-    return ValueError(f"`{name}` must be one of {list(choices)}. Received: {name}={value!r}{hint}")
-
-
 def check_mode(mode, target="paper"):
-    """Raises a ValueError unless `mode` and `target` are valid."""
-    if mode not in MODES:
-        raise _choice_error("mode", mode, MODES)
-    if target not in TARGETS:
-        raise _choice_error("spectrain_target", target, TARGETS)
+    """Checks a pipeline mode and its SpecTrain target.
+
+    Raises:
+        ValueError: unless `mode` is one of `PIPELINE_MODES` and `target` one of `TARGETS`.
+    """
+    checks.check_one_of("mode", mode, PIPELINE_MODES)
+    checks.check_one_of("spectrain_target", target, TARGETS)
 
 
 @dataclasses.dataclass(frozen=True)

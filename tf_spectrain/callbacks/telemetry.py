@@ -37,21 +37,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checkpoint_store, modes, schedule
+from tf_spectrain import checkpoint_store, checks, modes, schedule
 from tf_spectrain.runtime.probe import WeightProbe
 
 # "auto" logs so that per-step logging costs under 2% of the step time; aim lower, since
 # both the cost of a write and the step time are measured with noise.
 _OVERHEAD_TARGET = 0.01
 _FIRST_AUTO_INTERVAL = 10
-
-
-def _check_positive_int(name, value, allow=()):
-    if value in allow:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        extra = "".join(f" or {a!r}" for a in allow)
-        raise ValueError(f"`{name}` must be an integer >= 1{extra}. Received: {name}={value!r}")
 
 
 class Telemetry(keras.callbacks.Callback):
@@ -83,9 +75,9 @@ class Telemetry(keras.callbacks.Callback):
         log_interval: the current `log_every` (adapted when "auto").
 
     Raises:
-        ValueError: for a bad `log_every`, `prediction_every`, `batch_size` or
-            `steps_per_epoch`, or a `logdir` that cannot be created or written.
-        TypeError: if `logdir` is not a path.
+        ValueError: for a `log_every`, `prediction_every`, `batch_size` or
+            `steps_per_epoch` out of range, or a `logdir` that cannot be created or written.
+        TypeError: if `logdir` is not a path, or one of those numbers is not an int.
     """
 
     def __init__(
@@ -94,12 +86,12 @@ class Telemetry(keras.callbacks.Callback):
         super().__init__()
         if not isinstance(logdir, str) and not hasattr(logdir, "__fspath__"):
             raise TypeError(f"`logdir` must be a path. Received: logdir={logdir!r}")
-        _check_positive_int("log_every", log_every, allow=("auto",))
+        checks.check_int("log_every", log_every, 1, allow=("auto",))
         if prediction_every != 0:
-            _check_positive_int("prediction_every", prediction_every)
+            checks.check_int("prediction_every", prediction_every, 1)
         for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
             if value is not None:
-                _check_positive_int(name, value)
+                checks.check_int(name, value, 1)
         checkpoint_store.check_writable_dir(logdir, "logdir")
         self.logdir = str(logdir)
         self.steps_per_epoch = steps_per_epoch

@@ -8,7 +8,7 @@ says how much faster the target devices are than the profiled one, so a pass tha
 
 import dataclasses
 
-from tf_spectrain.costmodel import _checks
+from tf_spectrain import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,29 +44,30 @@ class Hardware:
 
     def __post_init__(self):
         set_ = lambda field, value: object.__setattr__(self, field, value)  # noqa: E731
-        set_("num_gpus", _checks.check_int("num_gpus", self.num_gpus, "the number of devices"))
+        devices = checks.check_int("num_gpus", self.num_gpus, 1, meaning="the number of devices")
+        set_("num_gpus", devices)
         set_(
             "relative_speed",
-            _checks.check_number(
-                "relative_speed", self.relative_speed,
-                "how many times faster a device computes than the profiled one", strict=True,
+            checks.check_number(
+                "relative_speed", self.relative_speed, 0.0, strict=True,
+                meaning="how many times faster a device computes than the profiled one",
             ),
         )
         set_(
             "bandwidth",
-            _checks.check_number(
-                "bandwidth", self.bandwidth,
-                "bytes per second per link and direction; PCIe 3.0 x16 is about 12e9",
-                strict=True, allow_inf=True,
+            checks.check_number(
+                "bandwidth", self.bandwidth, 0.0, strict=True, allow_inf=True,
+                meaning="bytes per second per link and direction; PCIe 3.0 x16 is about 12e9",
             ),
         )
-        set_("latency", _checks.check_number("latency", self.latency, "seconds per transfer"))
+        latency = checks.check_number("latency", self.latency, 0.0, meaning="seconds per transfer")
+        set_("latency", latency)
         if self.concurrency is None:
             set_("concurrency", float(self.num_gpus))
         else:
-            concurrency = _checks.check_number(
-                "concurrency", self.concurrency,
-                "how many devices compute at full speed at once", strict=True,
+            concurrency = checks.check_number(
+                "concurrency", self.concurrency, 0.0, strict=True,
+                meaning="how many devices compute at full speed at once",
             )
             if concurrency > self.num_gpus:
                 raise ValueError(
@@ -112,7 +113,7 @@ class Hardware:
         Raises:
             TypeError, ValueError: if `num_bytes` is not a number >= 0.
         """
-        num_bytes = _checks.check_number("num_bytes", num_bytes, "bytes")
+        num_bytes = checks.check_number("num_bytes", num_bytes, 0.0, meaning="bytes")
         if num_bytes == 0:
             return 0.0
         return self.latency + num_bytes / self.bandwidth
@@ -134,9 +135,9 @@ class Hardware:
         Raises:
             TypeError, ValueError: if an argument is invalid.
         """
-        num_bytes = _checks.check_number("num_bytes", num_bytes, "bytes")
-        n = self.num_gpus if num_devices is None else _checks.check_int(
-            "num_devices", num_devices, "devices taking part in the all-reduce"
+        num_bytes = checks.check_number("num_bytes", num_bytes, 0.0, meaning="bytes")
+        n = self.num_gpus if num_devices is None else checks.check_int(
+            "num_devices", num_devices, 1, meaning="devices taking part in the all-reduce"
         )
         if n == 1 or num_bytes == 0:
             return 0.0

@@ -19,8 +19,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import partition
-from tf_spectrain.costmodel import _checks
+from tf_spectrain import checks, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
 
 
@@ -120,9 +119,9 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
         TypeError, ValueError: for invalid arguments, or a model that
             `tf_spectrain.partition` cannot split (e.g. shared layers).
     """
-    batch_size = _checks.check_int("batch_size", batch_size, "examples per timed batch")
-    repeats = _checks.check_int("repeats", repeats, "timed calls per function")
-    warmup = _checks.check_int("warmup", warmup, "untimed calls first", minimum=0)
+    batch_size = checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch")
+    repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per function")
+    warmup = checks.check_int("warmup", warmup, 0, meaning="untimed calls first")
     names = list(partition.describe_stages(model, [])[0].layer_names)
     stages = partition.split_model(model, names[:-1])
     rng = np.random.default_rng(seed + 1)
@@ -182,9 +181,9 @@ def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repea
     Raises:
         TypeError, ValueError: for invalid arguments.
     """
-    small = _checks.check_int("small_bytes", small_bytes, "bytes", minimum=4)
-    large = _checks.check_int("large_bytes", large_bytes, "bytes", minimum=small + 1)
-    repeats = _checks.check_int("repeats", repeats, "timed calls per size")
+    small = checks.check_int("small_bytes", small_bytes, 4, meaning="bytes")
+    large = checks.check_int("large_bytes", large_bytes, small + 1, meaning="bytes")
+    repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per size")
     for name, value in (("source", source), ("target", target)):
         if not isinstance(value, str):
             raise TypeError(f"`{name}` must be a device name string. Received: {name}={value!r}")
@@ -199,7 +198,7 @@ def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repea
         with tf.device(source):
             x = tf.ones([size // 4], tf.float32) + 0.0
         copy(x)
-        seconds.append(_median_seconds(lambda: copy(x).numpy(), repeats))
+        seconds.append(_median_seconds(lambda x=x: copy(x).numpy(), repeats))
     slope = (seconds[1] - seconds[0]) / (large - small)
     if slope <= 0:
         return float("inf"), max(0.0, min(seconds))
@@ -239,7 +238,7 @@ def measure_concurrency(devices, workload=None, repeats=5):
             "`workload` must be a function of a device name that returns a callable. "
             f"Received: workload={workload!r}"
         )
-    repeats = _checks.check_int("repeats", repeats, "timed pairs")
+    repeats = checks.check_int("repeats", repeats, 1, meaning="timed pairs")
     work = [(workload or _matmul_workload)(device) for device in devices]
     for run in work:
         run()

@@ -16,8 +16,8 @@ Dynamic programming over the layer chain, in `O(N * L**2)` for L layers and N st
 
 import math
 
-from tf_spectrain.costmodel import _checks
-from tf_spectrain.costmodel.predict import _check_common, _scale
+from tf_spectrain import checks
+from tf_spectrain.costmodel.predict import check_arguments, time_scale
 
 _REL_TOL = 1e-12
 
@@ -43,12 +43,12 @@ def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, a
     Raises:
         TypeError, ValueError: for invalid arguments, or too few allowed positions.
     """
-    batch_size = _check_common(profile, hardware, batch_size)
-    _checks.check_bool("recompute", recompute)
+    batch_size = check_arguments(profile, hardware, batch_size)
+    checks.check_bool("recompute", recompute)
     most = min(len(profile), hardware.num_gpus)
     if num_stages is None:
         num_stages = most
-    num_stages = _checks.check_int("num_stages", num_stages, "pipeline stages")
+    num_stages = checks.check_int("num_stages", num_stages, 1, meaning="pipeline stages")
     if num_stages > most:
         raise ValueError(
             f"`num_stages` must be at most {most}: one device per stage "
@@ -66,7 +66,7 @@ class _StagePricer:
     """Seconds per mini-batch of a stage over layers `first..last`, hand-offs included."""
 
     def __init__(self, profile, hardware, batch_size, recompute):
-        scale = _scale(profile, hardware, batch_size)
+        scale = time_scale(profile, hardware, batch_size)
         self._fwd = [0.0]
         self._bwd = [0.0]
         for layer in profile.layers:

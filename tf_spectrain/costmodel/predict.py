@@ -15,7 +15,8 @@ per pass are left out. See docs/COSTMODEL.md for the equations and their assumpt
 
 import dataclasses
 
-from tf_spectrain.costmodel import _checks, simulate
+from tf_spectrain import checks
+from tf_spectrain.costmodel import simulate
 from tf_spectrain.costmodel.hardware import Hardware
 from tf_spectrain.costmodel.profile import ModelProfile
 
@@ -49,14 +50,27 @@ class Estimate:
         return self.batch_size / self.seconds_per_batch
 
 
-def _check_common(profile, hardware, batch_size):
-    _checks.check_instance("profile", profile, ModelProfile, " (see profile_model)")
-    _checks.check_instance("hardware", hardware, Hardware, " (e.g. costmodel.PCIE3_X16)")
-    return _checks.check_int("batch_size", batch_size, "examples per mini-batch")
+def check_arguments(profile, hardware, batch_size):
+    """Checks the arguments every prediction takes.
+
+    Returns:
+        `batch_size` as an int.
+
+    Raises:
+        TypeError: if `profile` is not a `ModelProfile`, `hardware` not a `Hardware` or
+            `batch_size` not an int.
+        ValueError: if `batch_size` is smaller than 1.
+    """
+    checks.check_instance("profile", profile, ModelProfile, " (see profile_model)")
+    checks.check_instance("hardware", hardware, Hardware, " (e.g. costmodel.PCIE3_X16)")
+    return checks.check_int("batch_size", batch_size, 1, meaning="examples per mini-batch")
 
 
-def _scale(profile, hardware, examples):
-    """Multiplier from profiled seconds to seconds on the target for `examples` examples."""
+def time_scale(profile, hardware, examples):
+    """The factor from profiled seconds to seconds on `hardware` for `examples` examples.
+
+    The arguments are not checked: callers pass what `check_arguments` accepted.
+    """
     return examples / profile.batch_size / hardware.relative_speed
 
 
@@ -74,8 +88,9 @@ def predict_single(profile, hardware, batch_size):
     Raises:
         TypeError, ValueError: for invalid arguments.
     """
-    batch_size = _check_common(profile, hardware, batch_size)
-    compute = (profile.forward_time + profile.backward_time) * _scale(profile, hardware, batch_size)
+    batch_size = check_arguments(profile, hardware, batch_size)
+    scale = time_scale(profile, hardware, batch_size)
+    compute = (profile.forward_time + profile.backward_time) * scale
     return Estimate("single", batch_size, compute, compute, 0.0)
 
 
@@ -105,10 +120,10 @@ def predict_data_parallel(profile, hardware, batch_size, overlap=False):
     Raises:
         TypeError, ValueError: for invalid arguments.
     """
-    batch_size = _check_common(profile, hardware, batch_size)
-    _checks.check_bool("overlap", overlap)
+    batch_size = check_arguments(profile, hardware, batch_size)
+    checks.check_bool("overlap", overlap)
     n = hardware.num_gpus
-    scale = _scale(profile, hardware, batch_size / n) * max(1.0, n / hardware.concurrency)
+    scale = time_scale(profile, hardware, batch_size / n) * max(1.0, n / hardware.concurrency)
     forward = profile.forward_time * scale
     backward = profile.backward_time * scale
     allreduce = hardware.allreduce_time(profile.weight_bytes, n)
@@ -134,8 +149,8 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False):
     Raises:
         TypeError, ValueError: for invalid arguments or more stages than devices.
     """
-    batch_size = _check_common(profile, hardware, batch_size)
-    _checks.check_bool("recompute", recompute)
+    batch_size = check_arguments(profile, hardware, batch_size)
+    checks.check_bool("recompute", recompute)
     stages = profile.stage_costs(cuts)
     if len(stages) > hardware.num_gpus:
         raise ValueError(
@@ -143,7 +158,7 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False):
             f"but hardware.num_gpus={hardware.num_gpus}. Use at most "
             f"{hardware.num_gpus - 1} cuts or more devices."
         )
-    scale = _scale(profile, hardware, batch_size)
+    scale = time_scale(profile, hardware, batch_size)
     last = len(stages) - 1
     forward = [s.forward_time * scale for s in stages]
     backward = [
@@ -187,7 +202,7 @@ def predict_pipeline(
         TypeError, ValueError: for invalid arguments or more stages than devices.
     """
     forward, backward, send = pipeline_times(profile, hardware, batch_size, cuts, recompute)
-    _checks.check_bool("overlap", overlap)
+    checks.check_bool("overlap", overlap)
     n = len(forward)
     # The bounding stage, as it appears without overlap, names the compute/communication split.
     sends = [(send[k] if k < n - 1 else 0.0) + (send[k - 1] if k > 0 else 0.0) for k in range(n)]
@@ -197,7 +212,9 @@ def predict_pipeline(
     epoch = None
     seconds = cycle
     if num_batches is not None:
-        num_batches = _checks.check_int("num_batches", num_batches, "mini-batches per epoch")
+        num_batches = checks.check_int(
+            "num_batches", num_batches, 1, meaning="mini-batches per epoch"
+        )
         epoch = simulate.simulate_epoch(forward, backward, send, send, num_batches, overlap)
         epoch = max(epoch, num_batches * floor)
         seconds = epoch / num_batches

@@ -10,7 +10,7 @@ also be written by hand (as the tests do) or loaded with `ModelProfile.from_dict
 
 import dataclasses
 
-from tf_spectrain.costmodel import _checks
+from tf_spectrain import checks
 from tf_spectrain.messages import did_you_mean
 
 
@@ -49,7 +49,7 @@ class LayerProfile:
             ("output_bytes", "bytes per example"),
             ("weight_bytes", "bytes"),
         ):
-            value = _checks.check_number(f"{field}", getattr(self, field), what)
+            value = checks.check_number(field, getattr(self, field), 0.0, meaning=what)
             object.__setattr__(self, field, value)
 
 
@@ -109,8 +109,8 @@ class ModelProfile:
         if repeated:
             raise ValueError(f"Layer names must be distinct. Repeated: {repeated}")
         self.layers = tuple(layers)
-        self.batch_size = _checks.check_int(
-            "batch_size", batch_size, "the batch size the profile was measured at"
+        self.batch_size = checks.check_int(
+            "batch_size", batch_size, 1, meaning="the batch size the profile was measured at"
         )
         if not isinstance(name, str):
             raise TypeError(f"`name` must be a string. Received: name={name!r}")
@@ -176,7 +176,7 @@ class ModelProfile:
         cuts = list(cuts)
         if all(isinstance(c, str) for c in cuts):
             positions = [self._position_of(name, cuts) for name in cuts]
-        elif all(_checks.is_int(c) for c in cuts):
+        elif all(checks.is_int(c) for c in cuts):
             positions = [int(c) for c in cuts]
             last = len(self.layers) - 2
             for p in positions:

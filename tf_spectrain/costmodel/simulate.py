@@ -20,8 +20,7 @@ Two models of a hand-off (`overlap`):
   another, and arrives `send` seconds later.
 """
 
-from tf_spectrain import schedule
-from tf_spectrain.costmodel import _checks
+from tf_spectrain import checks, schedule
 
 
 def _check_times(name, values, length):
@@ -31,7 +30,7 @@ def _check_times(name, values, length):
             f"Received: {name}={values!r}"
         )
     return [
-        _checks.check_number(f"{name}[{k}]", v, "seconds") for k, v in enumerate(values)
+        checks.check_number(f"{name}[{k}]", v, 0.0, meaning="seconds") for k, v in enumerate(values)
     ]
 
 
@@ -73,8 +72,10 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
         forward, backward, send_forward, send_backward
     )
     n = len(forward)
-    num_batches = _checks.check_int("num_batches", num_batches, "mini-batches in the epoch")
-    _checks.check_bool("overlap", overlap)
+    num_batches = checks.check_int(
+        "num_batches", num_batches, 1, meaning="mini-batches in the epoch"
+    )
+    checks.check_bool("overlap", overlap)
 
     ops = [schedule.async_ops(k, n, num_batches) for k in range(n)]
     ops = [[op for op in stage_ops if op.kind != schedule.UPDATE] for stage_ops in ops]
@@ -157,7 +158,7 @@ def steady_cycle(forward, backward, send_forward, send_backward, overlap=False):
         forward, backward, send_forward, send_backward
     )
     n = len(forward)
-    _checks.check_bool("overlap", overlap)
+    checks.check_bool("overlap", overlap)
     compute = [f + b for f, b in zip(forward, backward)]
     if not overlap:
         return max(
