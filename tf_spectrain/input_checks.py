@@ -1,33 +1,36 @@
-"""Checks of `PipelineModel`'s arguments and data, before any training step runs.
+"""Checks of `PipelineModel`'s arguments, before any training step runs.
 
-Every check raises `ValueError` or `TypeError` with a message that names the argument,
-shows the bad value and says what is valid; data that does not fit the model gives both
-shapes. `PipelineModel.fit`, `evaluate` and `predict` call these once, at the API boundary,
-so a mistake never surfaces later from deep inside Keras, TensorFlow or a stage thread.
+One rule, from `tf_spectrain.checks`: a value of the wrong type raises `TypeError`, one of
+the right type but out of range `ValueError`; the message names the argument, shows the
+value and says what is valid. `PipelineModel.fit`, `evaluate` and `predict` call these
+once, at the API boundary, so a mistake never surfaces later from deep inside Keras,
+TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.data_checks`
+(its public functions are re-exported here).
 """
 
 import keras
-import numpy as np
 import tensorflow as tf
+
+from tf_spectrain.checks import check_bool, check_int
+from tf_spectrain.data_checks import check_data, check_inputs, check_predict_dataset, model_inputs
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "check_bool",
+    "check_data",
+    "check_fit_args",
+    "check_inputs",
+    "check_int",
+    "check_micro_batch_split",
+    "check_predict_dataset",
+    "check_verbose",
+    "model_inputs",
+    "unpack_validation_data",
+    "validation_names",
+]
 
 DEFAULT_BATCH_SIZE = 32
 """Batch size of `fit`, `evaluate` and `predict` when `batch_size` is None, as in Keras."""
-
-
-def check_int(name, value, minimum):
-    """Checks that argument `name` is an integer (not a bool) >= `minimum`.
-
-    Raises:
-        ValueError: if `value` is not such an integer.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
-
-
-def _check_optional_int(name, value, minimum):
-    if value is not None:
-        check_int(name, value, minimum)
-
 
 _VERBOSE_HELP = "'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch)"
 
@@ -36,24 +39,58 @@ def check_verbose(verbose):
     """Checks `verbose` as Keras takes it: "auto", 0, 1 or 2.
 
     Raises:
-        ValueError: for any other value.
+        TypeError: if it is neither a string nor an integer.
+        ValueError: for another string or integer.
     """
-    if isinstance(verbose, str):
-        ok = verbose == "auto"
-    else:
-        ok = isinstance(verbose, (int, np.integer)) and 0 <= verbose <= 2
-    if not ok:
-        raise ValueError(f"`verbose` must be {_VERBOSE_HELP}. Received: verbose={verbose!r}")
+    check_int("verbose", verbose, 0, 2, allow=("auto",), valid=_VERBOSE_HELP)
 
 
-def check_bool(name, value):
-    """Checks that argument `name` is a Python or NumPy bool.
+def check_micro_batch_split(num_examples, batch_size, micro_batches, flags=False):
+    """Checks that every mini-batch splits into `micro_batches` equal micro-batches (GPipe).
+
+    `batch_size` must be a multiple of `micro_batches`, and the last, shorter mini-batch
+    of an epoch of `num_examples` must not have fewer examples than `micro_batches`.
+    Nothing to check for one micro-batch. The arguments are assumed to be checked ints.
+
+    Args:
+        num_examples: examples per epoch, or None when unknown (only the batch size is
+            checked then).
+        batch_size: the mini-batch size.
+        micro_batches: micro-batches per mini-batch.
+        flags: True to name the command-line flags (`--batch-size`, `--micro-batches`) in
+            the message, False for the arguments (`batch_size`, `micro_batches`).
 
     Raises:
-        TypeError: if `value` is not a bool.
+        ValueError: if a mini-batch cannot be split.
     """
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
+    m = micro_batches
+    if m == 1:
+        return
+    if batch_size % m:
+        if flags:
+            raise ValueError(
+                f"--micro-batches must divide --batch-size. Received: --batch-size "
+                f"{batch_size} and --micro-batches {m}"
+            )
+        raise ValueError(
+            f"`micro_batches`={m} must divide `batch_size` (each mini-batch splits into "
+            f"{m} equal micro-batches). Received: batch_size={batch_size}"
+        )
+    last = 0 if num_examples is None else num_examples % batch_size
+    if not 0 < last < m:
+        return
+    if flags:
+        raise ValueError(
+            f"The last mini-batch of an epoch has {last} examples ({num_examples} training "
+            f"examples, --batch-size {batch_size}), fewer than --micro-batches {m}: it "
+            "cannot be split. Choose a batch size that leaves no remainder or a larger one, "
+            "or fewer micro-batches."
+        )
+    raise ValueError(
+        f"The last mini-batch of an epoch has {last} examples ({num_examples} examples, "
+        f"batch_size={batch_size}), fewer than `micro_batches`={m}: it cannot be "
+        "split. Choose a batch size that leaves no remainder, or fewer micro-batches."
+    )
 
 
 def _check_callbacks(callbacks):
@@ -78,284 +115,6 @@ def _check_callbacks(callbacks):
             )
 
 
-# --- data checks: shapes and structure, before any training step ---------------------------
-
-
-def _shape(obj):
-    """The shape of an array, tensor or TensorSpec as a tuple (None where unknown)."""
-    shape = tf.TensorShape(obj.shape)
-    return None if shape.rank is None else tuple(shape.as_list())
-
-
-def _numpy_dtype(obj):
-    dtype = obj.dtype
-    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
-
-
-def _is_non_numeric(obj):
-    return _numpy_dtype(obj).kind in "OSUV"  # objects, bytes, str, void
-
-
-def _fits(expected, actual):
-    return len(expected) == len(actual) and all(
-        e is None or a is None or e == a for e, a in zip(expected, actual)
-    )
-
-
-def _input_parts(model, x, what):
-    """`x` split into one part per model input: [(label, part, expected KerasTensor)]."""
-    inputs = list(model.inputs)
-    names = [t.name for t in inputs]
-    if isinstance(x, dict):
-        if set(x) != set(names):
-            raise ValueError(
-                f"`{what}` is a dict, so its keys must be the names of the model's inputs "
-                f"{names}. Received keys: {sorted(x, key=str)}"
-            )
-        return [(f"{what}['{n}']", x[n], t) for n, t in zip(names, inputs)]
-    if isinstance(x, (list, tuple)):
-        if len(x) != len(inputs):
-            raise ValueError(
-                f"Model '{model.name}' has {len(inputs)} input(s) {names}, but `{what}` is a "
-                f"{type(x).__name__} of {len(x)} items; pass one array per model input"
-                + (" (a single NumPy array for a one-input model)." if len(inputs) == 1 else ".")
-            )
-        return [(f"{what}[{k}]", part, t) for k, (part, t) in enumerate(zip(x, inputs))]
-    if len(inputs) != 1:
-        raise ValueError(
-            f"Model '{model.name}' has {len(inputs)} inputs {names}: pass `{what}` as a list "
-            f"of {len(inputs)} arrays (or a dict by input name). Received: a single "
-            f"{type(x).__name__}"
-        )
-    return [(what, x, inputs[0])]
-
-
-def model_inputs(model, x):
-    """Checked input arrays as the stages take them: one array, or a tuple in input order.
-
-    A tuple, not a list: `from_tensor_slices` would stack a list into one tensor.
-
-    Args:
-        model: the wrapped Keras model.
-        x: one array per model input (a single one, a list/tuple or a dict by input name).
-
-    Returns:
-        `x`'s single array, or a tuple of its arrays in the order of `model.inputs`.
-
-    Raises:
-        ValueError: if `x` does not hold one array per model input.
-    """
-    parts = tuple(part for _, part, _ in _input_parts(model, x, "x"))
-    return parts[0] if len(parts) == 1 else parts
-
-
-def check_inputs(model, x, what="x", from_dataset=False):
-    """Checks arrays, tensors or TensorSpecs `x` against the model's inputs.
-
-    Args:
-        model: the wrapped Keras model.
-        x: one array per model input (a single one, a list/tuple or a dict by input
-            name), or the matching TensorSpecs of a dataset's batches.
-        what: how the error message calls `x`.
-        from_dataset: `x` holds the `element_spec` of a dataset of batches.
-
-    Returns:
-        The number of examples (None for a dataset).
-
-    Raises:
-        TypeError: if a part is not an array or tensor.
-        ValueError: if the structure, a shape or a dtype does not match the model.
-    """
-    sizes = []
-    for label, part, expected in _input_parts(model, x, what):
-        if not (hasattr(part, "shape") and hasattr(part, "dtype")):
-            raise TypeError(
-                f"`{what}` must be a NumPy array or a tensor (a list of them for several "
-                f"inputs). Received: {label} of type {type(part).__name__}"
-            )
-        want, got = tuple(expected.shape), _shape(part)
-        if got is not None and not _fits(want, got):
-            if from_dataset:
-                source = f"the dataset `{what}` yields {'inputs' if label == what else label} of"
-            else:
-                source = f"{label} has"
-            hint = ""
-            if from_dataset and len(got) == len(want) - 1:
-                hint = "; batch the dataset first (dataset.batch(batch_size))"
-            raise ValueError(
-                f"Model '{model.name}' expects inputs of shape {want} but {source} shape "
-                f"{got}{hint}."
-            )
-        if expected.dtype != "string" and _is_non_numeric(part):
-            raise ValueError(
-                f"`{what}` must hold numbers: the model's input '{expected.name}' is "
-                f"{expected.dtype}, but {label} has dtype {_numpy_dtype(part)}."
-            )
-        if not from_dataset:
-            sizes.append(got[0])
-    if from_dataset:
-        return None
-    if len(set(sizes)) > 1:
-        raise ValueError(
-            f"All arrays of `{what}` must have the same number of examples. Received: {sizes}"
-        )
-    if sizes[0] == 0:
-        raise ValueError(f"`{what}` is empty (0 examples).")
-    return sizes[0]
-
-
-def _is_sparse_categorical(loss):
-    name = getattr(loss, "name", None) or getattr(loss, "__name__", "") or ""
-    return "sparse_categorical" in name
-
-
-def _as_labels(y, what):
-    """`y` as an array-like with `shape` and `dtype` (a list of numbers becomes an array)."""
-    if hasattr(y, "shape") and hasattr(y, "dtype"):
-        return y
-    if isinstance(y, (list, tuple)):
-        try:
-            return np.asarray(y)
-        except ValueError:
-            pass
-    raise TypeError(
-        f"`{what}` must be a NumPy array or a tensor of labels. "
-        f"Received: {what} of type {type(y).__name__}"
-    )
-
-
-def _check_labels(model, loss, y, what="y", from_dataset=False):
-    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss.
-
-    The loss is run once, eagerly, on a two-example slice of the labels (zeros for a
-    dataset) and zero outputs: if that fails, training would fail the same way, later
-    and deep inside TensorFlow. Sparse categorical labels are also checked to lie in
-    `[0, num_classes)` (out-of-range labels give NaN losses on GPUs instead of an error).
-    Models with several outputs are left to the loss.
-
-    Raises:
-        ValueError: if the labels do not fit the model's output and the loss.
-    """
-    if len(model.outputs) != 1:
-        return
-    out = model.outputs[0]
-    out_shape, y_shape = tuple(out.shape), _shape(y)
-    if y_shape is None:
-        return
-    if len(y_shape) == 0:
-        raise ValueError(f"`{what}` must have a batch axis. Received: {what} of shape ()")
-    if _is_non_numeric(y):
-        raise ValueError(
-            f"`{what}` must hold numbers (encode class names as integers). "
-            f"Received: {what} of dtype {_numpy_dtype(y)}"
-        )
-    if any(d is None for d in out_shape[1:] + y_shape[1:]):
-        return  # variable-size outputs or labels: nothing to probe with
-    if not from_dataset and _is_sparse_categorical(loss):
-        _check_label_range(loss, np.asarray(y), out_shape[-1], what)
-    if from_dataset:
-        sample = tf.zeros((2,) + y_shape[1:], dtype=y.dtype)
-    else:
-        sample = tf.convert_to_tensor(np.asarray(y[:2]))
-    outputs = tf.zeros((int(sample.shape[0]),) + out_shape[1:], dtype=out.dtype or "float32")
-    loss_name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
-    try:
-        loss(sample, outputs)
-    except (ValueError, TypeError, tf.errors.OpError) as e:
-        lines = str(e).strip().splitlines()
-        reason = lines[-1] if lines else type(e).__name__
-        source = f"the dataset `{what}` yields labels of" if from_dataset else f"`{what}` has"
-        raise ValueError(
-            f"The labels do not fit the model's output: model '{model.name}' outputs shape "
-            f"{out_shape} but {source} shape {y_shape}, which the loss '{loss_name}' "
-            f"cannot take ({reason})."
-        ) from None
-
-
-def _check_label_range(loss, y, num_classes, what):
-    ignore = loss.get_config().get("ignore_class") if hasattr(loss, "get_config") else None
-    values = y if ignore is None else y[y != ignore]
-    if values.size and (values.min() < 0 or values.max() >= num_classes):
-        raise ValueError(
-            f"`{what}` holds class indices for the sparse categorical loss, which must lie "
-            f"in [0, {num_classes}) for the model's {num_classes} outputs. Received: "
-            f"labels from {values.min()} to {values.max()}"
-        )
-
-
-def _check_dataset(model, loss, ds, what="x"):
-    """Checks that a dataset yields `(x, y)` batches that fit the model and the loss."""
-    spec = ds.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-        if isinstance(spec, tuple) and len(spec) == 3:
-            found = "(x, y, sample_weight) triples; sample weights are not supported"
-        else:
-            found = f"elements {spec}"
-        raise ValueError(
-            f"`{what}` must be a tf.data.Dataset of (x, y) batches. Received: a dataset "
-            f"of {found}"
-        )
-    if int(ds.cardinality()) == 0:
-        raise ValueError(f"`{what}` is an empty dataset (0 batches).")
-    check_inputs(model, spec[0], what=what, from_dataset=True)
-    _check_labels(model, loss, spec[1], what=what, from_dataset=True)
-
-
-def check_data(model, loss, x, y, names=("x", "y")):
-    """Checks `(x, y)` arrays or an `(x, y)` dataset against the model and the loss.
-
-    Args:
-        model: the wrapped Keras model.
-        loss: the compiled loss (a callable `loss(y_true, y_pred)`).
-        x, y: arrays (`x` one per model input), or `x` a dataset and `y` None.
-        names: how the messages call `x` and `y` (e.g. `("x_val", "y_val")`).
-
-    Returns:
-        The number of examples, or None for a dataset.
-
-    Raises:
-        TypeError, ValueError: for data that does not fit the model or the loss.
-    """
-    x_name, y_name = names
-    if isinstance(x, tf.data.Dataset):
-        if y is not None:
-            raise ValueError(
-                f"`{y_name}` must be None when `{x_name}` is a tf.data.Dataset of (x, y) "
-                f"batches. Received: {y_name} of type {type(y).__name__}"
-            )
-        _check_dataset(model, loss, x, x_name)
-        return None
-    if x is None or y is None:
-        raise ValueError(
-            f"Pass `{x_name}` and `{y_name}` arrays, or a tf.data.Dataset of (x, y) batches "
-            f"as `{x_name}`. Received: {x_name}={type(x).__name__}, {y_name}={type(y).__name__}"
-        )
-    n_x = check_inputs(model, x, x_name)
-    if len(model.outputs) != 1:
-        return n_x  # several outputs: the loss decides what `y` holds
-    labels = _as_labels(y, y_name)
-    y_shape = _shape(labels)
-    if y_shape and y_shape[0] is not None and y_shape[0] != n_x:
-        raise ValueError(
-            f"`{x_name}` and `{y_name}` must have the same number of examples. "
-            f"Received: {n_x} and {y_shape[0]}"
-        )
-    _check_labels(model, loss, labels, y_name)
-    return n_x
-
-
-def check_predict_dataset(model, ds):
-    """Checks a dataset for `predict`: input batches, or `(x, y[, w])` batches as in Keras.
-
-    Raises:
-        TypeError, ValueError: if the dataset is empty or its inputs do not fit the model.
-    """
-    spec = ds.element_spec
-    if isinstance(spec, tuple) and len(spec) in (2, 3):
-        spec = spec[0]
-    if int(ds.cardinality()) == 0:
-        raise ValueError("`x` is an empty dataset (0 batches).")
-    check_inputs(model, spec, what="x", from_dataset=True)
 
 
 def unpack_validation_data(validation_data):
@@ -418,8 +177,8 @@ def check_fit_args(
             initial_epoch, steps_per_epoch: `fit`'s arguments.
 
     Raises:
-        TypeError: an argument of the wrong type (callbacks, shuffle, data that is not
-            arrays or a dataset).
+        TypeError: an argument of the wrong type (a number that is not an int, callbacks,
+            shuffle, data that is not arrays or a dataset).
         ValueError: a bad value, or data whose shapes do not fit the model or the loss
             (the message gives both shapes); the message names the argument.
     """
@@ -431,8 +190,8 @@ def check_fit_args(
             f"initial_epoch .. epochs - 1). Received: initial_epoch={initial_epoch}, "
             f"epochs={epochs}"
         )
-    _check_optional_int("batch_size", batch_size, 1)
-    _check_optional_int("steps_per_epoch", steps_per_epoch, 1)
+    check_int("batch_size", batch_size, 1, none_ok=True)
+    check_int("steps_per_epoch", steps_per_epoch, 1, none_ok=True)
     check_verbose(verbose)
     _check_callbacks(callbacks)
     check_bool("shuffle", shuffle)
