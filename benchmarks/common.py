@@ -32,6 +32,8 @@ CONFIGS = {
     "spectrain-paper": ("spectrain", "paper"),
     "spectrain-consistent": ("spectrain", "consistent"),
 }
+# tf_spectrain.modes.BASELINES, spelled out: importing tf_spectrain would start TensorFlow
+# before a script sets it up (tests/test_benchmarks.py checks that the two agree).
 BASELINES = ("single", "dp")
 
 DATASET = "digits"
@@ -359,46 +361,34 @@ class Runner:
         return self._initial[key]
 
     def _build(self, spec):
-        import keras
-        import tensorflow as tf
-
-        import tf_spectrain
+        from tf_spectrain import trainers
 
         mode, target = CONFIGS[spec.config]
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-        def sgd(cls):
-            decay = spec.weight_decay or None
-            return cls(learning_rate=spec.lr, momentum=spec.momentum, weight_decay=decay)
-
-        if mode in BASELINES:
-            scope = (
-                tf.distribute.MirroredStrategy(self.devices[: spec.stages]).scope()
-                if mode == "dp"
-                else tf.device(self.devices[0])
-            )
-            with scope:
-                model = build_model(spec.model)
-                model.compile(sgd(keras.optimizers.SGD), loss, metrics=["accuracy"])
-            return model, [model.optimizer], None
-        model = build_model(spec.model)
-        cuts, _ = balanced_cuts(model, spec.stages)
-        pipe = tf_spectrain.PipelineModel(
-            model, cuts=cuts, devices=self.devices[: spec.stages], mode=mode,
+        trainer = trainers.build_trainer(
+            lambda: build_model(spec.model),
+            mode,
+            self.devices[: spec.stages],
+            learning_rate=spec.lr,
+            momentum=spec.momentum,
+            weight_decay=spec.weight_decay,
+            cuts=lambda model: balanced_cuts(model, spec.stages)[0],
             spectrain_target=target,
+            metrics=["accuracy"],
         )
-        pipe.compile(sgd(tf_spectrain.SpecTrainSGD), loss, metrics=["accuracy"])
-        return pipe, pipe.stage_optimizers, cuts
+        cuts = None if mode in BASELINES else trainer.cuts
+        return trainer, trainers.optimizers(trainer), cuts
 
     def trainer(self, spec):
         """The trainer of `spec`, reset for it: `(trainer, cuts)`."""
         import tensorflow as tf
 
+        from tf_spectrain import trainers
+
         key = spec.trainer_key
         if key not in self._trainers:
             self._trainers[key] = self._build(spec)
         trainer, optimizers, cuts = self._trainers[key]
-        model = trainer if CONFIGS[spec.config][0] in BASELINES else trainer.model
+        model = trainers.keras_model(trainer)
         model.set_weights(self.initial_weights(spec.model, spec.seed))
         for optimizer in optimizers:
             for variable in optimizer.variables:

@@ -201,6 +201,7 @@ def child_machine(args):
 def child_train(args):
     """Times one epoch of training in one configuration; prints images/s as JSON."""
     import tf_spectrain
+    from tf_spectrain import trainers
 
     if args.mode == "single":  # the first device, GPUs first, with TensorFlow's defaults
         devices = tf_spectrain.devices.existing_devices()[:1]
@@ -210,32 +211,19 @@ def child_train(args):
 
     keras.utils.set_random_seed(0)
     data = common.synthetic_images(args.batch_size, args.steps)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    trainer = _trainer(args, devices, loss)
+    trainer = trainers.build_trainer(
+        lambda: build_model(args.model),
+        args.mode,
+        devices,
+        learning_rate=0.01,
+        momentum=0.9,
+        cuts=args.cuts.split(","),
+    )
     clock = common.batch_clock()
     trainer.fit(data.take(2), epochs=1, verbose=0)  # tracing
     trainer.fit(data, epochs=1, verbose=0, callbacks=[clock])
     steady = clock.steady(args.batch_size, args.skip)
     print(json.dumps({"steady": steady, "epoch": clock.whole(args.batch_size)}))
-
-
-def _trainer(args, devices, loss):
-    import keras
-    import tensorflow as tf
-
-    import tf_spectrain
-
-    if args.mode in ("single", "dp"):
-        strategy = tf.distribute.MirroredStrategy(devices) if args.mode == "dp" else None
-        with strategy.scope() if strategy else tf.device(devices[0]):
-            model = build_model(args.model)
-            model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss)
-        return model
-    trainer = tf_spectrain.PipelineModel(
-        build_model(args.model), cuts=args.cuts.split(","), devices=devices, mode=args.mode
-    )
-    trainer.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss)
-    return trainer
 
 
 def run_child(kind, **flags):

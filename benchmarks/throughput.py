@@ -63,6 +63,7 @@ def child(args):
     if args.intra_op:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
     import tf_spectrain
+    from tf_spectrain import trainers
 
     n = 1 if args.mode == "single" else args.stages
     with warnings.catch_warnings():
@@ -73,29 +74,15 @@ def child(args):
     keras.utils.set_random_seed(0)
     full = common.synthetic_images(args.batch_size, args.steps)
     warm = full.take(args.warmup)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def build():
-        return tf_spectrain.models.get_model(args.model, (32, 32, 3), 10)
-
-    if args.mode in ("single", "dp"):
-        scope = (
-            tf.distribute.MirroredStrategy(devices).scope()
-            if args.mode == "dp"
-            else tf.device(devices[0])
-        )
-        with scope:
-            model = build()
-            model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss)
-        trainer = model
-    else:
-        model = build()
-        cuts = CUTS.get(args.model) if args.stages == 4 else None
-        cuts = cuts or tf_spectrain.partition.default_cuts(model, args.stages)
-        trainer = tf_spectrain.PipelineModel(
-            model, cuts=cuts, devices=devices, mode=args.mode, spectrain_target=args.target
-        )
-        trainer.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss)
+    trainer = trainers.build_trainer(
+        lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
+        args.mode,
+        devices,
+        learning_rate=0.01,
+        momentum=0.9,
+        cuts=CUTS.get(args.model) if args.stages == 4 else None,
+        spectrain_target=args.target,
+    )
 
     clock = common.batch_clock()
     callbacks = [clock]
@@ -155,7 +142,7 @@ def measure(name, args, stages):
     ]
     if config.get("telemetry"):
         cmd.append("--telemetry")
-    if args.pipeline_intra_op and config["mode"] not in ("single", "dp"):
+    if args.pipeline_intra_op and config["mode"] not in common.BASELINES:
         cmd += ["--intra-op", str(args.pipeline_intra_op)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:

@@ -408,3 +408,10 @@ def test_prediction_report_only_redoes_the_tables_without_training(prediction_ru
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG
     with pytest.raises(SystemExit, match="--report-only needs"):
         prediction.main(TINY + ["--work-dir", str(tmp_path / "empty"), "--report-only"])
+
+
+def test_the_benchmarks_take_the_library_modes():
+    from tf_spectrain import modes
+
+    assert common.BASELINES == modes.BASELINES
+    assert {mode for mode, _ in common.CONFIGS.values()} == set(modes.ALL_MODES)

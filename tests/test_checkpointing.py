@@ -6,6 +6,7 @@ writer killed with SIGKILL) is tested in test_checkpoint_store.py; here a real t
 process is interrupted with SIGINT, SIGTERM and SIGKILL.
 """
 
+import dataclasses
 import os
 import re
 import signal
@@ -416,8 +417,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(tmp_path, 
     whole, split = tmp_path / "whole", tmp_path / "split"
     argv = CLI + ["--epochs", "2", "--mode", "sync", "--log-every", "1"]
     assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
-    args = cli.parse_args(argv + ["--logdir", str(split)])
-    args.verbose = 0
+    args = dataclasses.replace(cli.parse_args(argv + ["--logdir", str(split)]), verbose=0)
     run = training.prepare(args)
 
     class StopSoon(Telemetry):

@@ -1,5 +1,6 @@
 """train.py: every bad input fails fast with a clear message; short runs end to end."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -145,11 +146,10 @@ def test_cli_end_to_end_single(tmp_path):
 
 @pytest.mark.parametrize("mode", ["single", "dp", "spectrain", "sync"])
 def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
-    args = cli.parse_args(
+    args = dataclasses.replace(cli.parse_args(
         ["--model", "small_cnn", "--gpus", "2", "--mode", mode, "--epochs", "2",
          "--batch-size", "32", "--limit", "128", "--lr", "0.05", "--logdir", str(tmp_path)]
-    )
-    args.verbose = 0
+    ), verbose=0)
     run = training.prepare(args)
     description = training.describe(run)
     result = training.train(run)

@@ -2,8 +2,8 @@
 
 `prepare(config)` sets up devices, data and the model (raising `ValueError` for input that
 only the model can check, such as `--cuts`, before any training), and `train(run)` fits
-and evaluates. `config` holds the checked flags of `train.py` (an `argparse.Namespace` or
-any object with the same attributes). Modes:
+and evaluates. `config` is a `tf_spectrain.config.RunConfig`: the checked flags of
+`train.py`, defaults resolved. The trainers come from `tf_spectrain.trainers`. Modes:
 
 - `single`: the whole model on the first device, plain `model.fit`.
 - `dp`: data parallelism over all devices with `tf.distribute.MirroredStrategy`, the
@@ -26,31 +26,13 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint_store, data, devices, models, modes, partition
-from tf_spectrain.callbacks import (
-    CheckpointWriteError,
-    PipelineCheckpoint,
-    Telemetry,
-    restore_checkpoint,
-)
-from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain import checkpoint_store, checks, data, devices, input_checks, models, trainers
+from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry, restore_checkpoint
+from tf_spectrain.config import RunConfig
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 
 # What fixes the data order and the model: a checkpoint must match them to be resumed.
 _RUN_FACTS = ("model_name", "dataset", "batch_size", "limit", "seed")
-
-
-def make_sgd(config, cls=keras.optimizers.SGD):
-    """Momentum SGD with the run's learning rate, momentum and weight decay."""
-    return cls(
-        learning_rate=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay or None,
-    )
-
-
-def _loss():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 class _Progress(keras.callbacks.Callback):
@@ -126,7 +108,7 @@ class _StopOnNonFinite(keras.callbacks.Callback):
 class Run:
     """Everything `prepare` set up for `train`."""
 
-    config: object
+    config: RunConfig
     device_names: list
     model: keras.Model
     trainer: object  # the compiled keras.Model (baselines) or PipelineModel
@@ -193,63 +175,45 @@ def _apply_learning_rate(trainer, lr):
 def prepare(config):
     """Sets up devices, data and the compiled model or pipeline described by `config`.
 
+    Args:
+        config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`).
+
+    Returns:
+        A `Run`, for `train`.
+
     Raises:
-        ValueError, TypeError: for input that can only be checked against the model
-            (`--cuts`), before any training.
+        ValueError, TypeError: for a `config` that is not a `RunConfig`, and for input
+            that only the data or the model can check (a last mini-batch too small for
+            `--micro-batches`, the names in `--cuts`), before any training.
     """
+    checks.check_instance("config", config, RunConfig, " (see tf_spectrain.cli.parse_args)")
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         device_names = devices.setup_devices(config.gpus)
     keras.utils.set_random_seed(config.seed)
     info = data.get_info(config.dataset)
-    common = dict(
-        batch_size=config.batch_size,
-        data_dir=config.data_dir,
-        download=config.download,
-        limit=config.limit,
+    test_ds = data.load(
+        config.dataset, "test", batch_size=config.batch_size, data_dir=config.data_dir,
+        download=config.download, limit=config.limit,
     )
-    test_ds = data.load(config.dataset, "test", **common)
     num_train = info.num_train if config.limit is None else min(config.limit, info.num_train)
-
-    last_batch = num_train % config.batch_size
-    if 0 < last_batch < config.micro_batches:
-        raise ValueError(
-            f"The last mini-batch of an epoch has {last_batch} examples ({num_train} training "
-            f"examples, --batch-size {config.batch_size}), fewer than --micro-batches "
-            f"{config.micro_batches}: it cannot be split. Choose a batch size that leaves no "
-            "remainder or a larger one, or fewer micro-batches."
-        )
-    if config.mode in modes.MODES:
-        model = models.get_model(config.model, info.image_shape, info.num_classes)
-        cuts = config.cuts
-        if cuts is None:
-            cuts = partition.default_cuts(model, config.gpus)
-        elif len(cuts) + 1 != config.gpus:
-            raise ValueError(
-                f"--cuts names {len(cuts)} layers, which makes {len(cuts) + 1} stages, but "
-                f"--gpus is {config.gpus}: give {config.gpus - 1} cut layers (one stage per "
-                f"device). Received: --cuts {','.join(cuts)}"
-            )
-        trainer = PipelineModel(
-            model,
-            cuts=cuts,
-            devices=device_names,
-            mode=config.mode,
-            spectrain_target=config.spectrain_target,
-            micro_batches=config.micro_batches,
-        )
-        trainer.compile(optimizer=make_sgd(config, SpecTrainSGD), loss=_loss(), metrics=["accuracy"])
-    else:
-        scope = (
-            tf.distribute.MirroredStrategy(device_names).scope()
-            if config.mode == "dp"
-            else tf.device(device_names[0])
-        )
-        with scope:
-            model = models.get_model(config.model, info.image_shape, info.num_classes)
-            model.compile(optimizer=make_sgd(config), loss=_loss(), metrics=["accuracy"])
-        trainer = model
+    input_checks.check_micro_batch_split(
+        num_train, config.batch_size, config.micro_batches, flags=True
+    )
+    trainer = trainers.build_trainer(
+        lambda: models.get_model(config.model, info.image_shape, info.num_classes),
+        config.mode,
+        device_names,
+        learning_rate=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        cuts=config.cuts,
+        spectrain_target=config.spectrain_target,
+        micro_batches=config.micro_batches,
+        metrics=["accuracy"],
+    )
+    model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
     run.steps_per_epoch = data.steps_per_epoch(config.dataset, config.batch_size, config.limit)
     if _keep(config):
@@ -306,11 +270,12 @@ def request_stop(run):
 def _callbacks(run, progress, telemetry):
     config = run.config
     callbacks = [progress, telemetry]
-    graph, histograms = getattr(config, "graph", False), getattr(config, "histograms", False)
-    if graph or histograms:
+    if config.graph or config.histograms:
         callbacks.append(
             keras.callbacks.TensorBoard(
-                config.logdir, write_graph=graph, histogram_freq=1 if histograms else 0
+                config.logdir,
+                write_graph=config.graph,
+                histogram_freq=1 if config.histograms else 0,
             )
         )
     if not isinstance(run.trainer, PipelineModel):
@@ -349,8 +314,8 @@ def train(run):
     progress = _Progress(run)
     telemetry = Telemetry(
         config.logdir,
-        log_every=getattr(config, "log_every", "auto"),
-        prediction_every=getattr(config, "prediction_every", 10),
+        log_every=config.log_every,
+        prediction_every=config.prediction_every,
         batch_size=config.batch_size,
         steps_per_epoch=run.steps_per_epoch,
     )
@@ -375,7 +340,7 @@ def train(run):
         for callback in (run.checkpoint, progress, telemetry):
             if callback is not None:
                 callback.resume_batch = skip
-        extra = {"on_nan": getattr(config, "on_nan", "stop")} if pipeline else {}
+        extra = {"on_nan": config.on_nan} if pipeline else {}
         segment = run.trainer.fit(
             train_ds,
             epochs=stop,
@@ -384,7 +349,7 @@ def train(run):
             validation_data=run.test_ds,
             shuffle=False,  # load_epochs already shuffles each epoch, seeded
             callbacks=callbacks,
-            verbose=getattr(config, "verbose", "auto"),
+            verbose=config.verbose,
             **extra,
         )
         for key, values in segment.history.items():
@@ -408,10 +373,9 @@ def train(run):
         return result
     test_loss, test_accuracy = run.trainer.evaluate(run.test_ds, verbose=0)
     result.update(test_accuracy=float(test_accuracy), test_loss=float(test_loss))
-    export = getattr(config, "export", None)
-    if export and export != "none":
-        export_model(run.model, export)
-        result["export"] = export
+    if config.export != "none":
+        export_model(run.model, config.export)
+        result["export"] = config.export
     result["wall_time"] = time.perf_counter() - run.started
     return result
 

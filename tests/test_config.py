@@ -1,0 +1,104 @@
+"""tf_spectrain.config: RunConfig's defaults, checks (all at once) and resolved paths.
+
+The command line's messages are checked through `cli.parse_args` in tests/test_cli.py and
+tests/test_fuzz.py; here the dataclass itself, as Python code builds it.
+"""
+
+import argparse
+import dataclasses
+import os
+import pathlib
+
+import pytest
+
+from tf_spectrain import cli, training
+from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig
+
+
+def test_the_parser_takes_its_defaults_from_the_fields():
+    parsed = vars(cli.build_parser().parse_args([]))
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert set(parsed) == set(fields) - {"verbose"}  # verbose is no flag
+    assert parsed == {name: fields[name] for name in parsed}
+    assert (fields["model"], fields["gpus"], fields["mode"]) == ("vgg16", 4, "spectrain")
+
+
+def test_default_paths_are_resolved():
+    config = RunConfig(model="mlp", mode="sync")
+    assert config.logdir.startswith(os.path.join("runs", "mlp-sync-"))
+    assert config.checkpoint_dir == os.path.join(config.logdir, "checkpoints")
+    assert config.export == os.path.join(config.logdir, "model.keras")
+    given = RunConfig(logdir="here", export="none")
+    assert (given.logdir, given.checkpoint_dir, given.export) == (
+        "here", os.path.join("here", "checkpoints"), "none")
+
+
+def test_resume_from_a_checkpoint_dir_logs_next_to_it(tmp_path):
+    config = RunConfig(resume=True, checkpoint_dir=str(tmp_path / "run" / "checkpoints"))
+    assert config.logdir == str(tmp_path / "run")
+
+
+def test_fields_are_frozen_and_normalised(tmp_path):
+    config = RunConfig(gpus=2, cuts=["fc1"], logdir=pathlib.Path(tmp_path))
+    assert config.cuts == ("fc1",) and config.logdir == str(tmp_path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.gpus = 3
+    assert dataclasses.replace(config, verbose=0).verbose == 0
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        RunConfig(gpus=0, epochs=0, momentum=1.0, mode="pipe")
+    assert info.value.errors == [
+        "--mode must be one of ['sync', 'vanilla', 'stash', 'spectrain', 'single', 'dp']. "
+        "Received: --mode pipe",
+        "--gpus must be an integer >= 1. Received: --gpus 0",
+        "--epochs must be an integer >= 1. Received: --epochs 0",
+        "--momentum must be in [0, 1) (0 <= momentum < 1). Received: --momentum 1.0",
+    ]
+    assert str(info.value) == "\n  ".join(info.value.errors)
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gpus="4"), "--gpus must be an integer >= 1. Received: --gpus 4 of type str"),
+        (dict(lr="0.1"), "--lr must be a finite number > 0"),
+        (dict(graph=1), "--graph must be True or False"),
+        (dict(cuts="fc1,fc2", gpus=3), "--cuts must be a list of layer names"),
+        (dict(logdir=3), "--logdir must be a path. Received: --logdir 3 of type int"),
+        (dict(verbose="loud"), None),
+    ],
+)
+def test_wrong_types_from_python(kwargs, message):
+    if message is None:  # a string where "auto" is valid: out of range, not a wrong type
+        with pytest.raises(ConfigError, match=r"`verbose` must be an integer in \[0, 2\]"):
+            RunConfig(**kwargs)
+        return
+    with pytest.raises(ConfigTypeError) as info:
+        RunConfig(**kwargs)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+    assert message in str(info.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError) as info:
+        RunConfig(mode="stash", micro_batches=3, batch_size=32, on_nan="skip", resume=True,
+                  keep_checkpoints=0)
+    assert info.value.errors == [
+        "--micro-batches > 1 (GPipe) needs --mode sync. Received: --micro-batches 3 with "
+        "--mode stash",
+        "--micro-batches must divide --batch-size. Received: --batch-size 32 and "
+        "--micro-batches 3",
+        "--resume needs checkpoints: it cannot be used with --keep-checkpoints 0",
+        "--resume needs to know where the checkpoints are: give --checkpoint-dir, or the "
+        "--logdir of the run to continue (its checkpoints are in <logdir>/checkpoints)",
+    ]
+    RunConfig(mode="sync", micro_batches=4, on_nan="skip", logdir="x")  # all fine together
+
+
+def test_prepare_takes_a_run_config():
+    namespace = argparse.Namespace(**dataclasses.asdict(RunConfig(logdir="x")))
+    with pytest.raises(TypeError, match=r"`config` must be a RunConfig"):
+        training.prepare(namespace)

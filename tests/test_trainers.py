@@ -1,0 +1,89 @@
+"""tf_spectrain.trainers: one factory for every mode, as train.py and the benchmarks use it.
+
+Only one-device MirroredStrategy here: a second multi-device strategy in the test process
+clashes with the collective ops of test_cli's dp run.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from tf_spectrain import modes, partition, trainers
+from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
+
+DEVICES = ["/CPU:0", "/CPU:1"]
+
+
+def mlp():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,), name="features")
+    h = inputs
+    for n, width in enumerate([6, 6, 3]):
+        h = keras.layers.Dense(width, name=f"dense{n}")(h)
+    return keras.Model(inputs, h, name="mlp")
+
+
+def build(mode, devices=DEVICES, **kwargs):
+    settings = dict(learning_rate=0.05, momentum=0.8, weight_decay=1e-4, metrics=["accuracy"])
+    settings.update(kwargs)
+    return trainers.build_trainer(mlp, mode, devices, **settings)
+
+
+def _settings(optimizer):
+    config = optimizer.get_config()
+    return (config["learning_rate"], config["momentum"], config["weight_decay"])
+
+
+@pytest.mark.parametrize("mode", modes.PIPELINE_MODES)
+def test_pipeline_modes_build_a_compiled_pipeline(mode):
+    pipe = build(mode)
+    assert isinstance(pipe, PipelineModel) and pipe.mode == mode
+    assert pipe.devices == DEVICES
+    assert pipe.cuts == partition.default_cuts(mlp(), 2)  # the default: balanced stages
+    assert all(type(o) is SpecTrainSGD for o in pipe.stage_optimizers)
+    for optimizer in trainers.optimizers(pipe):
+        assert _settings(optimizer) == pytest.approx((0.05, 0.8, 1e-4))
+    assert trainers.keras_model(pipe) is pipe.model
+    # The caller's seed gives the weights: the same as a model built right after it.
+    for a, b in zip(pipe.model.get_weights(), mlp().get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_cuts_given_or_chosen_by_a_function_of_the_model():
+    assert build("stash", cuts=["dense0"]).cuts == ["dense0"]
+    assert build("sync", cuts=lambda model: [model.layers[-2].name]).cuts == ["dense1"]
+    sync = build("sync", cuts=("dense1",), micro_batches=2, spectrain_target="consistent")
+    assert (sync.micro_batches, sync.spectrain_target) == (2, "consistent")
+
+
+@pytest.mark.parametrize("mode", modes.BASELINES)
+def test_baselines_build_a_compiled_keras_model(mode):
+    model = build(mode, devices=["/CPU:1"], weight_decay=0)
+    assert isinstance(model, keras.Model) and trainers.keras_model(model) is model
+    assert type(model.optimizer) is keras.optimizers.SGD
+    assert trainers.optimizers(model) == [model.optimizer]
+    learning_rate, momentum, weight_decay = _settings(model.optimizer)
+    assert (learning_rate, momentum) == pytest.approx((0.05, 0.8))
+    assert weight_decay is None  # 0 means none
+    kernel = model.trainable_variables[0]
+    if mode == "single":
+        assert kernel.value.device.endswith("CPU:1")
+    else:
+        assert model.distribute_strategy.num_replicas_in_sync == 1
+    x = np.zeros((4, 5), "float32")
+    assert model.evaluate(x, np.zeros(4, "int32"), verbose=0)[0] >= 0  # compiled, with a loss
+
+
+@pytest.mark.parametrize(
+    "args, error, pattern",
+    [
+        ((mlp, "pipe", DEVICES), ValueError, r"`mode` must be one of .*'single', 'dp'\]"),
+        ((mlp, "sync", []), ValueError, r"at least one device"),
+        ((mlp, "sync", "/CPU:0"), TypeError, r"`devices` must be a list or tuple"),
+        ((mlp(), "sync", DEVICES), TypeError, r"`build_model` must be a function"),
+    ],
+)
+def test_bad_arguments(args, error, pattern):
+    with pytest.raises(error, match=pattern):
+        trainers.build_trainer(*args, learning_rate=0.1)

@@ -1,0 +1,112 @@
+"""Builds the trainer of one mode: a compiled `keras.Model` or a compiled `PipelineModel`.
+
+`train.py` (`tf_spectrain.training`) and the benchmarks build their trainers here, so a
+mode means the same model, optimizer and placement everywhere:
+
+- `single`: the model on the first device, `keras.optimizers.SGD`;
+- `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`, SGD;
+- a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
+  `SpecTrainSGD` in every stage.
+"""
+
+import keras
+import tensorflow as tf
+
+from tf_spectrain import checks, modes, partition
+from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
+
+
+def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
+    """Momentum SGD of class `cls`; a `weight_decay` of 0 means none (as None does)."""
+    return cls(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay or None)
+
+
+def build_trainer(
+    build_model,
+    mode,
+    devices,
+    *,
+    learning_rate,
+    momentum=0.0,
+    weight_decay=None,
+    cuts=None,
+    spectrain_target="paper",
+    micro_batches=1,
+    loss=None,
+    metrics=None,
+):
+    """Builds and compiles the trainer of `mode` on `devices`.
+
+    For `single` and `dp` the model is built inside the device or strategy scope, for a
+    pipeline outside any (its stages are placed by `PipelineModel`). The caller seeds the
+    random generators first if it wants reproducible initial weights.
+
+    Args:
+        build_model: a function of no arguments that returns a new functional `keras.Model`.
+        mode: one of `modes.ALL_MODES`.
+        devices: the device names: the first for `single`, the replicas for `dp`, one per
+            stage for a pipeline.
+        learning_rate, momentum, weight_decay: the momentum SGD settings (a weight decay of
+            0 or None: none).
+        cuts: pipelines: the cut layer names, or a function of the model that returns them,
+            or None for `partition.default_cuts` over `len(devices)` stages.
+        spectrain_target, micro_batches: pipelines: as `PipelineModel`.
+        loss: the loss; None means sparse categorical cross-entropy on logits.
+        metrics: the compiled metrics (e.g. `["accuracy"]`), or None.
+
+    Returns:
+        The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
+
+    Raises:
+        ValueError: for an unknown mode or no devices (and what `PipelineModel` raises).
+        TypeError: if `build_model` is not a function (a model is not) or `devices` not a
+            list or tuple.
+    """
+    checks.check_one_of("mode", mode, modes.ALL_MODES)
+    if isinstance(build_model, keras.Model) or not callable(build_model):
+        raise TypeError(
+            "`build_model` must be a function of no arguments that returns a new "
+            f"keras.Model. {checks.received('build_model', build_model)}"
+        )
+    devices = list(checks.check_instance("devices", devices, (list, tuple)))
+    if not devices:
+        raise ValueError("`devices` must name at least one device. Received: devices=[]")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss is None else loss
+    settings = dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
+    if mode in modes.BASELINES:
+        scope = (
+            tf.distribute.MirroredStrategy(devices).scope()
+            if mode == "dp"
+            else tf.device(devices[0])
+        )
+        with scope:
+            model = build_model()
+            model.compile(optimizer=sgd(keras.optimizers.SGD, **settings), loss=loss,
+                          metrics=metrics)
+        return model
+    model = build_model()
+    if cuts is None:
+        cuts = partition.default_cuts(model, len(devices))
+    elif callable(cuts):
+        cuts = cuts(model)
+    pipe = PipelineModel(
+        model,
+        cuts=cuts,
+        devices=devices,
+        mode=mode,
+        spectrain_target=spectrain_target,
+        micro_batches=micro_batches,
+    )
+    pipe.compile(optimizer=sgd(SpecTrainSGD, **settings), loss=loss, metrics=metrics)
+    return pipe
+
+
+def keras_model(trainer):
+    """The Keras model a trainer trains: the `PipelineModel`'s `model`, or the trainer."""
+    return trainer.model if isinstance(trainer, PipelineModel) else trainer
+
+
+def optimizers(trainer):
+    """A trainer's optimizers: a pipeline's one per stage, else the model's one."""
+    return trainer.stage_optimizers if isinstance(trainer, PipelineModel) else [trainer.optimizer]
