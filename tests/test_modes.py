@@ -1,5 +1,7 @@
 """modes: which weights each pass uses, as tables (SPECTRAIN.md section 4)."""
 
+import pathlib
+
 import pytest
 
 from tf_spectrain import modes
@@ -60,3 +62,15 @@ def test_bad_mode_or_target(mode, target, message):
         modes.check_mode(mode, target)
     with pytest.raises(ValueError, match=message):
         modes.pass_plan(mode, 0, 2, target)
+
+
+def test_one_list_of_modes():
+    assert modes.MODES == modes.PIPELINE_MODES == ("sync", "vanilla", "stash", "spectrain")
+    assert modes.ALL_MODES == modes.PIPELINE_MODES + modes.BASELINES
+    assert modes.BASELINES == ("single", "dp")
+
+
+def test_the_readme_lists_every_mode():
+    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+    row = next(line for line in readme.read_text().splitlines() if line.startswith("| `--mode`"))
+    assert all(f"`{mode}`" in row for mode in modes.ALL_MODES), row
