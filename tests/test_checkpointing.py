@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import checkpoint_store, cli, data
+from tf_spectrain import batching, checkpoint_store, cli, data
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
@@ -337,7 +337,9 @@ def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
     # and the shuffling really changes the order from epoch to epoch, and between fit calls
     orders = []
     for _ in range(3):
-        orders.append(next(iter(whole._epoch_batches(x, y, BATCH)))[1].numpy())
+        orders.append(next(iter(batching.epoch_batches(
+            whole.model, x, y, BATCH, whole.shuffle_seed, whole.epochs_trained
+        )))[1].numpy())
         whole.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
 

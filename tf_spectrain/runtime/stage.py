@@ -24,6 +24,8 @@ import time
 
 import tensorflow as tf
 
+from tf_spectrain import compile_utils
+
 
 def as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
@@ -338,3 +340,18 @@ class StageRunner:
     def in_flight(self):
         """How many mini-batches have run their forward but not yet their backward."""
         return len(self._inflight)
+
+
+def build_runners(stages, devices, plans, optimizer, loss):
+    """One `StageRunner` per stage, each with its own copy of `optimizer` built on its device.
+
+    The last stage gets the loss.
+    """
+    runners = []
+    for k, (stage, device, plan) in enumerate(zip(stages, devices, plans)):
+        with tf.device(device):
+            stage_optimizer = compile_utils.clone_optimizer(optimizer)
+            stage_optimizer.build(stage.trainable_variables)
+        last_loss = loss if k == len(stages) - 1 else None
+        runners.append(StageRunner(k, stage, device, stage_optimizer, plan, loss=last_loss))
+    return runners
