@@ -81,7 +81,7 @@ def _runtime_initialized():
     # `tf.config` offers no public query; the context's handle exists once it has started.
     from tensorflow.python.eager import context
 
-    return context.context()._context_handle is not None  # noqa: SLF001
+    return context.context()._context_handle is not None  # noqa: SLF001 - no public query
 
 
 def setup_devices(n):

@@ -199,7 +199,7 @@ def measure_link(source, target, small_bytes=4096, large_bytes=64 * 2**20, repea
         with tf.device(source):
             x = tf.ones([size // 4], tf.float32) + 0.0
         copy(x)
-        seconds.append(_median_seconds(lambda: copy(x).numpy(), repeats))
+        seconds.append(_median_seconds(lambda x=x: copy(x).numpy(), repeats))
     slope = (seconds[1] - seconds[0]) / (large - small)
     if slope <= 0:
         return float("inf"), max(0.0, min(seconds))

@@ -48,15 +48,16 @@ def _all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def _graph_function(method):
-    """`tf.function` of a runner's bound method.
+def graph_function(method, reduce_retracing=True):
+    """`tf.function` of a stage's bound method, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
     batch), but TensorFlow's frequent-retracing detector lumps them together and warns
     falsely; tests check the real trace counts instead, so the warning is turned off.
     """
-    function = tf.function(method, reduce_retracing=True)
+    function = tf.function(method, reduce_retracing=reduce_retracing)
     if hasattr(function, "_omit_frequent_tracing_warning"):
+        # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001
     return function
 
@@ -119,11 +120,11 @@ class StageRunner:
         self.skip_non_finite = False
         self.skipped = 0
         self.probe = None
-        self._forward_fn = _graph_function(self._forward)
-        self._vjp_fn = _graph_function(self._recompute_vjp)
-        self._apply_fn = _graph_function(self._apply)
-        self._infer_fn = _graph_function(self._infer)
-        self._finite_fn = _graph_function(_all_finite)
+        self._forward_fn = graph_function(self._forward)
+        self._vjp_fn = graph_function(self._recompute_vjp)
+        self._apply_fn = graph_function(self._apply)
+        self._infer_fn = graph_function(self._infer)
+        self._finite_fn = graph_function(_all_finite)
 
     # --- graph functions ----------------------------------------------------------------
 
