@@ -104,3 +104,37 @@ def check_micro_batches(x, batch_size, steps_per_epoch, micro_batches):
             f"batch_size={batch_size}), fewer than `micro_batches`={m}: it cannot be "
             "split. Choose a batch size that leaves no remainder, or fewer micro-batches."
         )
+
+
+class EpochFeed:
+    """The mini-batches of every epoch of one `fit`, checked before training starts.
+
+    Arrays with `shuffle` (and no `steps_per_epoch`) get a new order per epoch from
+    `epoch_batches`; a dataset is iterated anew each epoch, or, with `steps_per_epoch`,
+    continued across epochs.
+
+    Args:
+        model, loss: the wrapped model and the compiled loss (to check the data).
+        x, y, batch_size, shuffle, steps_per_epoch: as `PipelineModel.fit` takes them.
+        micro_batches: the pipeline's GPipe micro-batches per mini-batch.
+
+    Raises:
+        ValueError, TypeError: data that does not fit, or an epoch length that is
+            unknown or cannot be split into micro-batches.
+    """
+
+    def __init__(self, model, loss, x, y, batch_size, shuffle, steps_per_epoch, micro_batches):
+        self.dataset = dataset(model, loss, x, y, batch_size, shuffle)
+        self.num_batches = num_batches(self.dataset, steps_per_epoch)
+        check_micro_batches(x, batch_size, steps_per_epoch, micro_batches)
+        self._arrays = (model, x, y, batch_size)
+        self._per_epoch_order = (
+            shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
+        )
+        self._iterator = iter(self.dataset) if steps_per_epoch is not None else None
+
+    def batches(self, seed, epoch):
+        """An iterator of the `(x, y)` mini-batches of the next epoch."""
+        if self._per_epoch_order:
+            return iter(epoch_batches(*self._arrays, seed, epoch))
+        return self._iterator if self._iterator is not None else iter(self.dataset)

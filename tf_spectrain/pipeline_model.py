@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import batching, compile_utils, input_checks, modes, partition
+from tf_spectrain import batching, checks, compile_utils, input_checks, modes, partition
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime import inference
@@ -231,11 +231,10 @@ class PipelineModel:
             verbose=verbose, callbacks=callbacks, validation_data=validation_data,
             shuffle=shuffle, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
         )
-        if on_nan not in ON_NAN:
-            raise ValueError(f"`on_nan` must be one of {list(ON_NAN)}. Received: on_nan={on_nan!r}")
-        ds = batching.dataset(self.model, self.loss, x, y, batch_size, shuffle)
-        num_batches = batching.num_batches(ds, steps_per_epoch)
-        batching.check_micro_batches(x, batch_size, steps_per_epoch, self.micro_batches)
+        checks.check_one_of("on_nan", on_nan, ON_NAN)
+        feed = batching.EpochFeed(
+            self.model, self.loss, x, y, batch_size, shuffle, steps_per_epoch, self.micro_batches
+        )
         for runner in runners:
             runner.skip_non_finite = on_nan == "skip"
         for callback in callbacks or ():
@@ -245,29 +244,20 @@ class PipelineModel:
         verbose = 1 if verbose == "auto" else verbose
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
-            verbose=verbose, epochs=epochs, steps=num_batches,
+            verbose=verbose, epochs=epochs, steps=feed.num_batches,
         )
         history = next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
         self.copy_weights_to_stages()
         self.model.stop_training = False
-        iterator = iter(ds) if steps_per_epoch is not None else None
-        if shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None:
 
-            def next_batches(epoch):
-                return iter(batching.epoch_batches(
-                    self.model, x, y, batch_size, self.shuffle_seed, self.epochs_trained
-                ))
-
-        else:
-
-            def next_batches(epoch):
-                return iterator if iterator is not None else iter(ds)
+        def next_batches(epoch):
+            return feed.batches(self.shuffle_seed, self.epochs_trained)
 
         def validate():
             return self._evaluate_logs(validation_data, batch_size)
 
         logs = TrainLogs(runners, self.metrics, self.progress)
-        self._loop = FitLoop(self, callback_list, logs, num_batches, on_nan)
+        self._loop = FitLoop(self, callback_list, logs, feed.num_batches, on_nan)
         try:
             self._loop.run(
                 initial_epoch, epochs, next_batches, None if validation_data is None else validate
