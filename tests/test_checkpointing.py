@@ -20,6 +20,7 @@ import pytest
 
 from tf_spectrain import batching, checkpoint_store, cli, data
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
+from tf_spectrain.checkpoint import store
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -348,7 +349,7 @@ def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
     "kwargs, error, pattern",
     [
         ({"keep": 0}, ValueError, r"`keep` must be an integer >= 1 or None. Received: keep=0"),
-        ({"keep": "3"}, ValueError, r"`keep` must be an integer >= 1 or None"),
+        ({"keep": "3"}, TypeError, r"`keep` must be an integer >= 1 or None"),  # issue 10, step 3
         ({"metadata": {"when": object()}}, TypeError, r"`metadata` must be a dict of JSON values"),
         ({"metadata": {"lr": float("nan")}}, TypeError, r"`metadata` must be a dict of JSON"),
     ],
@@ -391,7 +392,7 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
     pipe = pipeline()
     checkpoint = PipelineCheckpoint(tmp_path)
     calls = []
-    original = checkpoint_store.save_checkpoint
+    original = store.save_checkpoint
 
     def failing_second_save(*args, **kwargs):
         calls.append(kwargs["epoch"])
@@ -399,7 +400,7 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
             raise OSError(28, "No space left on device")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_store, "save_checkpoint", failing_second_save)
+    monkeypatch.setattr(store, "save_checkpoint", failing_second_save)
     from tf_spectrain.callbacks import CheckpointWriteError
 
     with pytest.raises(CheckpointWriteError, match=r"epoch 2, mini-batch 0.*No space left.*"
@@ -469,7 +470,7 @@ def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_store, "save_checkpoint", full_disk)
+    monkeypatch.setattr(store, "save_checkpoint", full_disk)
     code, out = run_cli(CLI + ["--epochs", "1", "--logdir", str(tmp_path / "run")], capsys)
     assert code == 1
     assert "Could not write the checkpoint of epoch 1, mini-batch 0" in out.err
