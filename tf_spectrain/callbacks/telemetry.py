@@ -230,7 +230,8 @@ class Telemetry(keras.callbacks.Callback):
         if lr is not None:
             values["batch/learning_rate"] = lr
         if self._step > 1:
-            name = "images_per_second" if self.state is not None or self.batch_size else "steps_per_second"
+            counts_images = self.state is not None or self.batch_size
+            name = "images_per_second" if counts_images else "steps_per_second"
             values[f"batch/{name}"] = rate
         with self._writer.as_default():
             traced = self._write_many(values, self._global_step(self._epoch, self._offset + batch))
