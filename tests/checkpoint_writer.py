@@ -9,13 +9,15 @@ can tell a consistent checkpoint from a mixed one. Prints "saving NAME" (NAME th
 directory name) before each save and "saved PATH" after it, flushed, so the test can time
 its kill. Stops after COUNT saves (default: never).
 
-checkpoint_store is loaded from its file, not through the package, so that this process does
-not import TensorFlow and starts fast.
+`tf_spectrain.checkpoint.store` is imported without running the `__init__.py` of
+`tf_spectrain` and `tf_spectrain.checkpoint` (which import TensorFlow), so that this process
+starts fast: see `load_pure`.
 """
 
-import importlib.util
+import importlib
 import os
 import sys
+import types
 
 import numpy as np
 
@@ -23,14 +25,19 @@ BATCHES_PER_EPOCH = 3
 KEEP = 2
 
 
-def _load_store():
-    path = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), os.pardir, "tf_spectrain", "checkpoint_store.py"
-    )
-    spec = importlib.util.spec_from_file_location("checkpoint_store", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_pure(name="tf_spectrain.checkpoint.store"):
+    """Imports the module `name` of this checkout's tf_spectrain without its packages' `__init__`.
+
+    The packages `tf_spectrain` and `tf_spectrain.checkpoint` are registered as empty
+    modules whose `__path__` is their folder, so that only `name` and what it imports run.
+    """
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    for package in ("tf_spectrain", "tf_spectrain.checkpoint"):
+        if package not in sys.modules:
+            module = types.ModuleType(package)
+            module.__path__ = [os.path.join(root, *package.split("."))]
+            sys.modules[package] = module
+    return importlib.import_module(name)
 
 
 def value(epoch, batch):
@@ -49,7 +56,7 @@ def arrays_for(epoch, batch):
 
 
 def main(directory, count):
-    store = _load_store()
+    store = load_pure()
     latest = store.latest_checkpoint(directory)
     step = 0
     if latest is not None:

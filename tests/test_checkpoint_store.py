@@ -1,4 +1,5 @@
-"""Tests for tf_spectrain.checkpoint_store: round trips, naming, retention, corruption, kills."""
+"""Tests for tf_spectrain.checkpoint.store and .format: round trips, naming, retention,
+corruption, kills."""
 
 import hashlib
 import json
@@ -7,15 +8,20 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
 
-from tf_spectrain import checkpoint_store as store
-from tf_spectrain.checkpoint_store import CheckpointError
+from tf_spectrain.checkpoint import store
+from tf_spectrain.checkpoint.format import (
+    ARRAYS_FILE,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    CheckpointError,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STORE_FILE = os.path.join(HERE, os.pardir, "tf_spectrain", "checkpoint_store.py")
 WRITER = os.path.join(HERE, "checkpoint_writer.py")
 
 
@@ -85,7 +91,7 @@ def test_awkward_keys_round_trip_and_the_npz_is_standard(tmp_path):
     for key, value in arrays.items():
         np.testing.assert_array_equal(loaded[key], value)
         assert loaded[key].dtype == np.asarray(value).dtype
-    with np.load(os.path.join(path, store.ARRAYS_FILE), allow_pickle=False) as npz:
+    with np.load(os.path.join(path, ARRAYS_FILE), allow_pickle=False) as npz:
         assert sorted(npz.files) == sorted(arrays)
         np.testing.assert_array_equal(npz["stage1/optimizer/momentum/0"], np.full((2, 2), 3.0))
 
@@ -99,31 +105,83 @@ def test_info_records_what_was_saved(tmp_path):
     _, info = store.load_checkpoint(path)
     assert os.path.basename(path) == "ckpt-e0003-b000017"
     assert info["path"] == path
-    assert info["format_version"] == store.FORMAT_VERSION == 1
+    assert info["format_version"] == FORMAT_VERSION == 1
     assert (info["epoch"], info["batch"]) == (3, 17)
     assert info["metadata"] == json.loads(json.dumps(metadata))  # tuples stored as lists
     assert info["arrays"] == {"x": {"dtype": np.dtype(np.float32).str, "shape": [2, 3]}}
-    npz = os.path.join(path, store.ARRAYS_FILE)
+    npz = os.path.join(path, ARRAYS_FILE)
     with open(npz, "rb") as file:
         assert info["npz_sha256"] == hashlib.sha256(file.read()).hexdigest()
     assert info["npz_size"] == os.path.getsize(npz)
     assert isinstance(info["created"], str) and info["created"].startswith("20")
-    with open(os.path.join(path, store.METADATA_FILE)) as file:
+    with open(os.path.join(path, METADATA_FILE)) as file:
         assert json.load(file)["metadata"]["cuts"] == ["block1_pool", "block3_pool"]
 
 
 def test_module_imports_neither_tensorflow_nor_keras():
+    # The storage modules and what they import (tf_spectrain.checks, .messages), without
+    # the __init__.py of the packages, which import TensorFlow.
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('cs', {STORE_FILE!r})\n"
-        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "import sys, checkpoint_writer\n"
+        "checkpoint_writer.load_pure('tf_spectrain.checkpoint.store')\n"
+        "checkpoint_writer.load_pure('tf_spectrain.checkpoint.compat')\n"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=HERE
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- checkpoints written before tf_spectrain.checkpoint existed --------------------------
+
+# Written by tf_spectrain/checkpoint_store.py as it was before issue 10 (format version 1).
+OLD_CHECKPOINT = os.path.join(HERE, "data", "checkpoint_format1", "ckpt-e0001-b000002")
+OLD_ARRAYS = {
+    "stage0/variables/0": np.arange(6, dtype=np.float32).reshape(2, 3) / 4,
+    "stage0/optimizer/0": np.int64(7),
+    "stage1/variables/0": np.array([True, False]),
+    "stage1/variables/1": np.zeros((0, 2), np.float64),
+}
+OLD_METADATA = {"kind": "pipeline", "cuts": ["dense0"], "mode": "spectrain", "extra": {"seed": 7}}
+
+
+def test_a_checkpoint_of_the_old_module_still_loads():
+    arrays, info = store.load_checkpoint(OLD_CHECKPOINT)
+    assert (info["epoch"], info["batch"]) == (1, 2)
+    assert info["metadata"] == OLD_METADATA
+    assert sorted(arrays) == sorted(OLD_ARRAYS)
+    for key, value in OLD_ARRAYS.items():
+        assert arrays[key].dtype == value.dtype and arrays[key].shape == value.shape
+        np.testing.assert_array_equal(arrays[key], value)
+
+
+def test_the_format_is_unchanged_byte_for_byte(tmp_path):
+    """The same arrays and metadata give the same files, but for times and the checksum."""
+    path = store.save_checkpoint(tmp_path, OLD_ARRAYS, OLD_METADATA, epoch=1, batch=2, keep=None)
+    assert sorted(os.listdir(path)) == sorted(os.listdir(OLD_CHECKPOINT))
+    with zipfile.ZipFile(os.path.join(path, ARRAYS_FILE)) as new, zipfile.ZipFile(
+        os.path.join(OLD_CHECKPOINT, ARRAYS_FILE)
+    ) as old:
+        assert new.namelist() == old.namelist()
+        for member in old.namelist():  # the .npy bytes; the zip entries differ in their times
+            assert new.read(member) == old.read(member)
+    assert os.path.getsize(os.path.join(path, ARRAYS_FILE)) == os.path.getsize(
+        os.path.join(OLD_CHECKPOINT, ARRAYS_FILE)
+    )
+
+    def without_times(directory):
+        with open(os.path.join(directory, METADATA_FILE), "rb") as file:
+            text = file.read().decode("utf-8")
+        info = json.loads(text)
+        lines = [
+            line for line in text.splitlines()
+            if not line.startswith((' "created"', ' "npz_sha256"'))
+        ]
+        return lines, list(info)
+
+    assert without_times(path) == without_times(OLD_CHECKPOINT)
 
 
 # --- naming, ordering, retention ----------------------------------------------------------
@@ -145,7 +203,7 @@ def test_listing_ignores_foreign_entries(tmp_path):
     real = _save(str(tmp_path), 1)
     for name in ("ckpt-e3-b0", "ckpt-e0005-b000000.bak", "notes", "ckpt-e0009-b000000x"):
         os.mkdir(tmp_path / name)
-        (tmp_path / name / store.METADATA_FILE).write_text("{}")
+        (tmp_path / name / METADATA_FILE).write_text("{}")
     (tmp_path / "ckpt-e0007-b000000").write_text("a file, not a directory")
     assert store.list_checkpoints(str(tmp_path)) == [real]
 
@@ -194,12 +252,12 @@ def test_tmp_leftovers_are_ignored_then_removed_by_the_next_save(tmp_path):
     # A writer killed mid-save leaves a hidden directory, possibly complete-looking.
     leftover = tmp_path / ".tmp-new-ckpt-e0002-b000000-123-abcd"
     leftover.mkdir()
-    (leftover / store.ARRAYS_FILE).write_bytes(b"half")
-    (leftover / store.METADATA_FILE).write_text("{}")
+    (leftover / ARRAYS_FILE).write_bytes(b"half")
+    (leftover / METADATA_FILE).write_text("{}")
     (tmp_path / ".tmp-probe-x").write_text("")
     # A final-named directory without metadata.json is not a complete checkpoint.
     (tmp_path / "ckpt-e0003-b000000").mkdir()
-    (tmp_path / "ckpt-e0003-b000000" / store.ARRAYS_FILE).write_bytes(b"half")
+    (tmp_path / "ckpt-e0003-b000000" / ARRAYS_FILE).write_bytes(b"half")
     assert store.list_checkpoints(directory) == [older]
     assert store.latest_checkpoint(directory) == older
 
@@ -212,7 +270,7 @@ def test_tmp_leftovers_are_ignored_then_removed_by_the_next_save(tmp_path):
 
 
 def _set_record(path, **changes):
-    file = os.path.join(path, store.METADATA_FILE)
+    file = os.path.join(path, METADATA_FILE)
     with open(file) as handle:
         info = json.load(handle)
     info.update(changes)
@@ -222,7 +280,7 @@ def _set_record(path, **changes):
 
 def _replace_npz(path, arrays=None, data=None):
     """Writes another arrays.npz (with np.savez, or raw bytes) and records its size and hash."""
-    npz = os.path.join(path, store.ARRAYS_FILE)
+    npz = os.path.join(path, ARRAYS_FILE)
     if arrays is not None:
         with open(npz, "wb") as handle:
             np.savez(handle, **arrays)
@@ -235,7 +293,7 @@ def _replace_npz(path, arrays=None, data=None):
 
 
 def _truncate(path):
-    npz = os.path.join(path, store.ARRAYS_FILE)
+    npz = os.path.join(path, ARRAYS_FILE)
     with open(npz, "rb") as handle:
         content = handle.read()
     with open(npz, "wb") as handle:
@@ -243,7 +301,7 @@ def _truncate(path):
 
 
 def _flip_byte(path):
-    npz = os.path.join(path, store.ARRAYS_FILE)
+    npz = os.path.join(path, ARRAYS_FILE)
     with open(npz, "r+b") as handle:
         handle.seek(200)
         byte = handle.read(1)
@@ -253,7 +311,7 @@ def _flip_byte(path):
 
 def _write_metadata(text):
     def corrupt(path):
-        with open(os.path.join(path, store.METADATA_FILE), "w") as handle:
+        with open(os.path.join(path, METADATA_FILE), "w") as handle:
             handle.write(text)
 
     return corrupt
@@ -271,7 +329,7 @@ def _npz_of(**arrays):
     return lambda path: _replace_npz(path, arrays)
 
 
-NPZ, META = store.ARRAYS_FILE, store.METADATA_FILE
+NPZ, META = ARRAYS_FILE, METADATA_FILE
 A, B = np.ones(4, np.float32), np.int64(2)  # the shapes and dtypes the checkpoint records
 CORRUPTIONS = {  # case: (how to corrupt, the file the error must name, what it must say)
     "truncated npz": (_truncate, NPZ, "truncated"),
@@ -350,7 +408,7 @@ BAD_SAVES = [
     ({"batch": -2}, ValueError, "batch=-2"),
     ({"batch": "3"}, TypeError, "batch='3'"),
     ({"keep": 0}, ValueError, "keep=0"),
-    ({"keep": 2.0}, ValueError, "keep=2.0"),
+    ({"keep": 2.0}, TypeError, "keep=2.0"),  # a float: TypeError (issue 10, step 3)
 ]
 
 
@@ -368,126 +426,6 @@ def test_save_accepts_numpy_integers_for_epoch_and_batch(tmp_path):
         str(tmp_path), GOOD["arrays"], {}, epoch=np.int64(4), batch=np.int32(2)
     )
     assert _position(path) == (4, 2)
-
-
-# --- comparing metadata -------------------------------------------------------------------
-
-SAVED = {"model": "vgg16", "cuts": ["a", "b"], "mode": "stash", "seed": 1, "augment": True,
-         "optimizer": {"lr": 0.1, "momentum": 0.9}}
-COMPARISONS = [
-    # (changes to this run's metadata, keys compared, expected [(key, fragments)])
-    ({}, list(SAVED), []),
-    ({"cuts": ("a", "b")}, ["cuts"], []),
-    ({"mode": "spectrain"}, ["mode"],
-     [("mode", ["the checkpoint has 'stash', this run has 'spectrain'"])]),
-    ({"mode": "spectrain"}, ["model", "seed"], []),
-    ({"cuts": ["a", "c"]}, ["cuts"],
-     [("cuts", ["['a', 'b']", "['a', 'c']", "element 1: 'b' vs 'c'"])]),
-    ({"cuts": ["a", "b", "c"]}, ["cuts"], [("cuts", ["2 elements vs 3"])]),
-    ({"seed": 2, "model": "resnet"}, ["seed", "model"],
-     [("seed", ["has 1, this run has 2"]), ("model", ["'vgg16'", "'resnet'"])]),
-    ({"augment": 1}, ["augment"], [("augment", ["has True, this run has 1"])]),
-    ({"optimizer": {"lr": 0.2, "momentum": 0.9}}, ["optimizer"],
-     [("optimizer", ["differs in 'lr'"])]),
-    ({"seed": None}, ["seed"], [("seed", ["this run has None"])]),
-    ({"new": 3}, ["new"], [("new", ["the checkpoint does not record it, this run has 3"])]),
-    ({"absent": None}, ["absent_everywhere"], []),
-]
-
-
-@pytest.mark.parametrize("changes, keys, expected", COMPARISONS)
-def test_compare_metadata(changes, keys, expected):
-    current = {**SAVED, **changes}
-    differences = store.compare_metadata(SAVED, current, keys)
-    assert len(differences) == len(expected), differences
-    for difference, (key, fragments) in zip(differences, expected):
-        assert difference.startswith(f"{key}: ")
-        for fragment in fragments:
-            assert fragment in difference
-
-
-def test_compare_metadata_counts_a_key_missing_from_this_run():
-    current = {key: value for key, value in SAVED.items() if key != "mode"}
-    assert store.compare_metadata(SAVED, current, ["mode"]) == [
-        "mode: the checkpoint has 'stash', this run does not set it"
-    ]
-
-
-def test_check_compatible_lists_every_difference(tmp_path):
-    path = store.save_checkpoint(str(tmp_path), GOOD["arrays"], SAVED, epoch=2)
-    _, info = store.load_checkpoint(path)
-    store.check_compatible(info, dict(SAVED), ["model", "cuts", "mode"])  # no error
-    current = {**SAVED, "mode": "spectrain", "cuts": ["a", "c"]}
-    with pytest.raises(CheckpointError) as error:
-        store.check_compatible(info, current, ["model", "cuts", "mode"])
-    message = str(error.value)
-    assert f"Checkpoint {path} was written by a different run" in message
-    assert "\n  - cuts: " in message and "\n  - mode: " in message
-    assert "  - model" not in message
-
-
-@pytest.mark.parametrize(
-    "call, fragment",
-    [
-        (lambda: store.compare_metadata(SAVED, SAVED, "mode"), "did you mean keys=['mode']"),
-        (lambda: store.compare_metadata(SAVED, SAVED, [1]), "`keys` must all be str"),
-        (lambda: store.compare_metadata(SAVED, ["mode"], ["mode"]), "`current` must be a"),
-        (lambda: store.check_compatible({"path": "x"}, SAVED, ["mode"]), "`info` must be the"),
-    ],
-)
-def test_comparison_rejects_bad_arguments(call, fragment):
-    with pytest.raises(TypeError) as error:
-        call()
-    assert fragment in str(error.value)
-
-
-# --- check_writable_dir -------------------------------------------------------------------
-
-
-def test_check_writable_dir_creates_nested_directories(tmp_path):
-    target = tmp_path / "a" / "b" / "c"
-    store.check_writable_dir(str(target))
-    assert target.is_dir()
-    assert os.listdir(target) == []  # the probe file is gone
-
-
-@pytest.mark.parametrize(
-    "relative, fragment",
-    [("a_file", "is an existing file"), ("a_file/sub", "Not a directory")],
-)
-def test_check_writable_dir_refuses_a_file_in_the_way(tmp_path, relative, fragment):
-    (tmp_path / "a_file").write_text("x")
-    target = str(tmp_path / relative)
-    with pytest.raises(ValueError) as error:
-        store.check_writable_dir(target, what="--checkpoint-dir")
-    message = str(error.value)
-    assert "--checkpoint-dir" in message and repr(target) in message and fragment in message
-
-
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root can write anywhere")
-def test_check_writable_dir_refuses_a_read_only_directory(tmp_path):
-    target = tmp_path / "read_only"
-    target.mkdir()
-    target.chmod(0o500)
-    try:
-        with pytest.raises(ValueError, match="Permission denied") as error:
-            store.check_writable_dir(str(target), what="checkpoint_dir")
-        assert "`checkpoint_dir`" in str(error.value)
-    finally:
-        target.chmod(0o700)
-
-
-def test_check_writable_dir_reports_a_failed_probe_write(tmp_path, monkeypatch):
-    # The read-only test above is skipped as root; this one forces the same OS error.
-    def refuse(**kwargs):
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr(store.tempfile, "mkstemp", refuse)
-    with pytest.raises(ValueError) as error:
-        store.check_writable_dir(tmp_path, what="--checkpoint-dir")
-    message = str(error.value)
-    assert f"--checkpoint-dir={str(tmp_path)!r}" in message
-    assert "writing a file there failed: Permission denied" in message
 
 
 # --- the kill test ------------------------------------------------------------------------

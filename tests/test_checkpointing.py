@@ -19,8 +19,9 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import checkpoint_store, cli, data
+from tf_spectrain import batching, checkpoint_store, cli, data
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
+from tf_spectrain.checkpoint import store
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -338,7 +339,9 @@ def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
     # and the shuffling really changes the order from epoch to epoch, and between fit calls
     orders = []
     for _ in range(3):
-        orders.append(next(iter(whole._epoch_batches(x, y, BATCH)))[1].numpy())
+        orders.append(next(iter(batching.epoch_batches(
+            whole.model, x, y, BATCH, whole.shuffle_seed, whole.epochs_trained
+        )))[1].numpy())
         whole.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
 
@@ -347,7 +350,7 @@ def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
     "kwargs, error, pattern",
     [
         ({"keep": 0}, ValueError, r"`keep` must be an integer >= 1 or None. Received: keep=0"),
-        ({"keep": "3"}, ValueError, r"`keep` must be an integer >= 1 or None"),
+        ({"keep": "3"}, TypeError, r"`keep` must be an integer >= 1 or None"),  # issue 10, step 3
         ({"metadata": {"when": object()}}, TypeError, r"`metadata` must be a dict of JSON values"),
         ({"metadata": {"lr": float("nan")}}, TypeError, r"`metadata` must be a dict of JSON"),
     ],
@@ -390,7 +393,7 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
     pipe = pipeline()
     checkpoint = PipelineCheckpoint(tmp_path)
     calls = []
-    original = checkpoint_store.save_checkpoint
+    original = store.save_checkpoint
 
     def failing_second_save(*args, **kwargs):
         calls.append(kwargs["epoch"])
@@ -398,7 +401,7 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
             raise OSError(28, "No space left on device")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_store, "save_checkpoint", failing_second_save)
+    monkeypatch.setattr(store, "save_checkpoint", failing_second_save)
     from tf_spectrain.callbacks import CheckpointWriteError
 
     with pytest.raises(CheckpointWriteError, match=r"epoch 2, mini-batch 0.*No space left.*"
@@ -467,7 +470,7 @@ def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_store, "save_checkpoint", full_disk)
+    monkeypatch.setattr(store, "save_checkpoint", full_disk)
     code, out = run_cli(CLI + ["--epochs", "1", "--logdir", str(tmp_path / "run")], capsys)
     assert code == 1
     assert "Could not write the checkpoint of epoch 1, mini-batch 0" in out.err

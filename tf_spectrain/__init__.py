@@ -10,7 +10,16 @@ Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, build a model wit
 `tf_spectrain.models.get_model(...)`, and train it with `tf_spectrain.PipelineModel`.
 """
 
-from tf_spectrain import callbacks, checkpoint_store, costmodel, data, models, partition, schedule
+from tf_spectrain import (
+    callbacks,
+    checkpoint,
+    checkpoint_store,
+    costmodel,
+    data,
+    models,
+    partition,
+    schedule,
+)
 from tf_spectrain.devices import setup_devices
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
@@ -22,6 +31,7 @@ __all__ = [
     "PipelineModel",
     "SpecTrainSGD",
     "callbacks",
+    "checkpoint",
     "checkpoint_store",
     "costmodel",
     "data",

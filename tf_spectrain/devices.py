@@ -43,6 +43,25 @@ def existing_devices(kind=None):
     return names
 
 
+def default_devices(num_stages):
+    """The first `num_stages` distinct devices, GPUs first (`PipelineModel(devices=None)`).
+
+    Raises:
+        ValueError: if fewer devices exist; the message says how to get more.
+    """
+    gpus = existing_devices("GPU")
+    names = gpus if gpus else existing_devices("CPU")
+    if len(names) < num_stages:
+        raise ValueError(
+            f"A pipeline of {num_stages} stages needs {num_stages} distinct devices, but only "
+            f"{len(names)} exist ({names}). Call `tf_spectrain.setup_devices({num_stages})` at "
+            "the start of the program (before any TensorFlow op) to split the available "
+            "GPUs or the CPU into logical devices, or pass `devices=[...]` explicitly "
+            "(names may repeat)."
+        )
+    return names[:num_stages]
+
+
 def logical_device_names():
     """Returns the full names of every logical device, local or of a connected cluster.
 
@@ -62,7 +81,7 @@ def _runtime_initialized():
     # `tf.config` offers no public query; the context's handle exists once it has started.
     from tensorflow.python.eager import context
 
-    return context.context()._context_handle is not None  # noqa: SLF001
+    return context.context()._context_handle is not None  # noqa: SLF001 - no public query
 
 
 def setup_devices(n):

@@ -26,13 +26,10 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint_store, checks, data, devices, input_checks, models, trainers
-from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry, restore_checkpoint
+from tf_spectrain import checkpoint, checks, data, devices, input_checks, models, trainers
+from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry
 from tf_spectrain.config import RunConfig
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
-
-# What fixes the data order and the model: a checkpoint must match them to be resumed.
-_RUN_FACTS = ("model_name", "dataset", "batch_size", "limit", "seed")
 
 
 class _Progress(keras.callbacks.Callback):
@@ -135,41 +132,14 @@ def run_facts(config):
     }
 
 
-def _keep(config):
-    return getattr(config, "keep_checkpoints", 0) or 0
-
-
 def _restore(run):
     """Restores the newest checkpoint for `--resume` (or says there is none)."""
     config = run.config
-    path = checkpoint_store.latest_checkpoint(config.checkpoint_dir)
-    if path is None:
-        print(
-            f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch.",
-            flush=True,
-        )
-        return
-    info = restore_checkpoint(run.trainer, path, metadata=run_facts(config))
-    run.start_epoch, run.start_batch, run.resumed_from = info["epoch"], info["batch"], path
-    _apply_learning_rate(run.trainer, config.lr)
-
-
-def _apply_learning_rate(trainer, lr):
-    """Gives the restored optimizers this run's --lr (the checkpoint holds the old one).
-
-    Momentum and weight decay are settings of the optimizer objects, built from this run's
-    flags, so they follow the command line already; the learning rate is a variable that
-    the checkpoint restored, and is set back here, so that resuming with a lower --lr (say,
-    after a non-finite loss) does what it says.
-    """
-    optimizers = trainer.stage_optimizers if isinstance(trainer, PipelineModel) else [
-        trainer.optimizer
-    ]
-    saved = float(keras.ops.convert_to_numpy(optimizers[0].learning_rate))
-    for optimizer in optimizers:
-        optimizer.learning_rate = lr
-    if not math.isclose(saved, lr, rel_tol=1e-6):  # the saved value is a float32
-        print(f"--resume: learning rate {saved:g} in the checkpoint, {lr:g} from now on (--lr).")
+    info = checkpoint.restore_latest(run.trainer, config.checkpoint_dir, run_facts(config))
+    if info is not None:
+        run.start_epoch, run.start_batch = info["epoch"], info["batch"]
+        run.resumed_from = info["path"]
+        checkpoint.apply_learning_rate(run.trainer, config.lr)
 
 
 def prepare(config):
@@ -216,20 +186,14 @@ def prepare(config):
     model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
     run.steps_per_epoch = data.steps_per_epoch(config.dataset, config.batch_size, config.limit)
-    if _keep(config):
+    if config.keep_checkpoints:
         run.checkpoint = PipelineCheckpoint(
-            config.checkpoint_dir, keep=_keep(config), metadata=run_facts(config)
+            config.checkpoint_dir, keep=config.keep_checkpoints, metadata=run_facts(config)
         )
-    if getattr(config, "resume", False):
+    if config.resume:
         _restore(run)
     elif run.checkpoint is not None:
-        existing = checkpoint_store.latest_checkpoint(config.checkpoint_dir)
-        if existing is not None:
-            raise ValueError(
-                f"--checkpoint-dir {config.checkpoint_dir} already holds checkpoints (the "
-                f"newest is {existing}). Add --resume to continue that run, or choose another "
-                "--checkpoint-dir (or --logdir); nothing there is overwritten."
-            )
+        checkpoint.refuse_existing(config.checkpoint_dir)
     return run
 
 

@@ -99,7 +99,7 @@ class Telemetry(keras.callbacks.Callback):
         self.log_every = log_every
         self.prediction_every = prediction_every
         self.batch_size = batch_size
-        self.pipeline = None
+        self.state = None  # the pipeline's PipelineState, None for a plain Keras model
         self.predictions = []
         self.stage_stats = []
         self.overhead_seconds = 0.0
@@ -113,8 +113,8 @@ class Telemetry(keras.callbacks.Callback):
         self._started = self._ended = None
 
     def set_pipeline(self, pipeline):
-        """Called by `PipelineModel.fit`: the pipeline whose stages to watch."""
-        self.pipeline = pipeline
+        """Called by `PipelineModel.fit`: watch this pipeline (through its read-only state)."""
+        self.state = pipeline.state
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -146,8 +146,8 @@ class Telemetry(keras.callbacks.Callback):
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
     def _images(self):
-        if self.pipeline is not None:
-            return self.pipeline.images_seen
+        if self.state is not None:
+            return self.state.images_seen
         return self._step * (self.batch_size or 1)
 
     def _global_step(self, epoch, batch):
@@ -156,9 +156,9 @@ class Telemetry(keras.callbacks.Callback):
         return epoch * per_epoch + batch
 
     def _probes(self):
-        if self.pipeline is None:
+        if self.state is None:
             return []
-        return [r.probe for r in self.pipeline.runners if r.probe is not None]
+        return [r.probe for r in self.state.runners if r.probe is not None]
 
     def _write_predictions(self):
         for probe in self._probes():
@@ -182,7 +182,7 @@ class Telemetry(keras.callbacks.Callback):
         with self._writer.as_default():
             # The first summary op of a process costs ~0.2 s of set-up: pay it here, once,
             # rather than in the first step's timing.
-            stages = self.pipeline.num_stages if self.pipeline is not None else 1
+            stages = self.state.num_stages if self.state is not None else 1
             self._scalar("run/num_stages", stages, 0)
         self._step = 0
         self._last_log = (started, 0, 0)  # (time, step, images)
@@ -190,7 +190,7 @@ class Telemetry(keras.callbacks.Callback):
         self._log_costs = []
         self._epoch, self._offset = 0, 0
         self._epoch_ratios = {}  # (epoch, stage, pass) -> ratios not yet averaged
-        pipe = self.pipeline
+        pipe = self.state
         if pipe is not None and self.prediction_every and pipe.num_stages > 1:
             for runner in pipe.runners:
                 horizons = modes.probe_horizons(
@@ -222,7 +222,8 @@ class Telemetry(keras.callbacks.Callback):
         if lr is not None:
             values["batch/learning_rate"] = lr
         if self._step > 1:
-            name = "images_per_second" if self.pipeline or self.batch_size else "steps_per_second"
+            counts_images = self.state is not None or self.batch_size
+            name = "images_per_second" if counts_images else "steps_per_second"
             values[f"batch/{name}"] = rate
         with self._writer.as_default():
             traced = self._write_many(values, self._global_step(self._epoch, self._offset + batch))
@@ -246,7 +247,7 @@ class Telemetry(keras.callbacks.Callback):
             for name, value in (logs or {}).items():
                 self._scalar(f"epoch/{name}", value, epoch)
             self._scalar("epoch/wall_time", started - self._epoch_start, epoch)
-            if self.pipeline is not None:
+            if self.state is not None:
                 self._write_stages(epoch)
                 self._write_predictions()
                 self._write_prediction_means()
@@ -254,11 +255,11 @@ class Telemetry(keras.callbacks.Callback):
         self.overhead_seconds += time.perf_counter() - started
 
     def _write_stages(self, epoch):
-        pipe = self.pipeline
+        pipe = self.state
         wall = max(pipe.epoch_seconds, 1e-9)
         stats = []
-        for runner, plan in zip(pipe.runners, pipe.plans):
-            busy = sum(end - start for _, _, start, end in runner.timeline)
+        for runner, plan, timeline in zip(pipe.runners, pipe.plans, pipe.timelines):
+            busy = sum(end - start for _, _, start, end in timeline)
             stats.append({"stage": runner.k, "busy_seconds": busy, "utilisation": busy / wall})
             prefix = f"pipeline/stage_{runner.k}"
             self._scalar(f"{prefix}/busy_seconds", busy, epoch)
@@ -272,7 +273,7 @@ class Telemetry(keras.callbacks.Callback):
         done = pipe.epoch_progress[1] if pipe.epoch_progress else 0
         if done:
             if done not in self._schedule_bubbles:
-                table = schedule.clock_table(pipe._op_lists(done))  # noqa: SLF001
+                table = schedule.clock_table(pipe.op_lists(done))
                 self._schedule_bubbles[done] = schedule.bubble_fraction(table)
             self._scalar("pipeline/bubble_fraction_schedule", self._schedule_bubbles[done], epoch)
         self._scalar("pipeline/skipped_batches", pipe.batches_skipped, epoch)
@@ -299,8 +300,8 @@ class Telemetry(keras.callbacks.Callback):
             with self._writer.as_default():
                 self._write_predictions()
                 self._write_prediction_means(final=True)
-        if self.pipeline is not None:
-            for runner in self.pipeline.runners:
+        if self.state is not None:
+            for runner in self.state.runners:
                 runner.probe = None
         if self._writer is not None:
             self._writer.flush()

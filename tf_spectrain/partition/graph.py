@@ -130,7 +130,8 @@ def read_graph(model):
             f"Could not order the operations of model '{model.name}': some are missing "
             "from its operation list."
         )
-    input_layer_names = [t._keras_history.operation.name for t in inputs]
+    # Keras 3 has no public accessor for a KerasTensor's producer (here and below).
+    input_layer_names = [t._keras_history.operation.name for t in inputs]  # noqa: SLF001
     return ModelGraph(model, inputs, outputs, calls, input_layer_names)
 
 
@@ -169,8 +170,8 @@ def _calls_by_operation(inputs, outputs):
         tensor = stack.pop()
         if id(tensor) in input_ids:
             continue
-        op, node_index, _ = tensor._keras_history
-        node = op._inbound_nodes[node_index]
+        op, node_index, _ = tensor._keras_history  # noqa: SLF001 - no public accessor
+        node = op._inbound_nodes[node_index]  # noqa: SLF001 - Keras 3 has no public one
         if id(node) in seen:
             continue
         seen.add(id(node))

@@ -87,7 +87,7 @@ def _min_max_cost(prefix, ends, num_stages):
     for j in range(n_ends + 1):
         if j != last:
             best[j] = _stage_cost(prefix, _start_of(ends, j), ends[last])
-    for s in range(2, num_stages + 1):
+    for _ in range(2, num_stages + 1):
         new = [inf] * (n_ends + 1)
         for j in range(n_ends + 1):
             first = j + 1 if j != n_ends else 0

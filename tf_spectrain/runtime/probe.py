@@ -25,16 +25,11 @@ import time
 
 import tensorflow as tf
 
+from tf_spectrain.runtime.stage import graph_function
+
 
 def _distance(a, b):
     return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]))
-
-
-def _function(fn):
-    function = tf.function(fn)
-    if hasattr(function, "_omit_frequent_tracing_warning"):
-        function._omit_frequent_tracing_warning = True  # noqa: SLF001 - one per stage, see stage.py
-    return function
 
 
 class WeightProbe:
@@ -60,19 +55,19 @@ class WeightProbe:
         self.epoch = 0  # set by the caller at each epoch start: recorded with each pass
         self.offset = 0  # mini-batches of the epoch done before this fit (resumed runs)
         self.seconds = 0.0
-        self._copy_fn = _function(self._copy)
-        self._distances_fn = _function(self._distances)
+        self._copy_fn = graph_function(self._copy, reduce_retracing=False)
+        self._distances_fn = graph_function(self._distances, reduce_retracing=False)
 
     def _sampled(self, key):
         return key[1] == 0 and (key[0] + self.offset) % self.every == 0
 
     def _copy(self, steps):
         with tf.device(self.runner.device):
-            return [tf.identity(w) for w in self.runner._weights(steps)]  # noqa: SLF001
+            return [tf.identity(w) for w in self.runner.current_weights(steps)]
 
     def _distances(self, used, stale):
         with tf.device(self.runner.device):
-            target = self.runner._weights(0)  # noqa: SLF001 - the weights now
+            target = self.runner.current_weights(0)  # the weights now
             return _distance(used, target), _distance(stale, target)
 
     def _snapshot(self, steps):

@@ -24,6 +24,8 @@ import time
 
 import tensorflow as tf
 
+from tf_spectrain import compile_utils
+
 
 def as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
@@ -46,15 +48,16 @@ def _all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def _graph_function(method):
-    """`tf.function` of a runner's bound method.
+def graph_function(method, reduce_retracing=True):
+    """`tf.function` of a stage's bound method, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
     batch), but TensorFlow's frequent-retracing detector lumps them together and warns
     falsely; tests check the real trace counts instead, so the warning is turned off.
     """
-    function = tf.function(method, reduce_retracing=True)
+    function = tf.function(method, reduce_retracing=reduce_retracing)
     if hasattr(function, "_omit_frequent_tracing_warning"):
+        # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001
     return function
 
@@ -117,11 +120,11 @@ class StageRunner:
         self.skip_non_finite = False
         self.skipped = 0
         self.probe = None
-        self._forward_fn = _graph_function(self._forward)
-        self._vjp_fn = _graph_function(self._recompute_vjp)
-        self._apply_fn = _graph_function(self._apply)
-        self._infer_fn = _graph_function(self._infer)
-        self._finite_fn = _graph_function(_all_finite)
+        self._forward_fn = graph_function(self._forward)
+        self._vjp_fn = graph_function(self._recompute_vjp)
+        self._apply_fn = graph_function(self._apply)
+        self._infer_fn = graph_function(self._infer)
+        self._finite_fn = graph_function(_all_finite)
 
     # --- graph functions ----------------------------------------------------------------
 
@@ -338,3 +341,18 @@ class StageRunner:
     def in_flight(self):
         """How many mini-batches have run their forward but not yet their backward."""
         return len(self._inflight)
+
+
+def build_runners(stages, devices, plans, optimizer, loss):
+    """One `StageRunner` per stage, each with its own copy of `optimizer` built on its device.
+
+    The last stage gets the loss.
+    """
+    runners = []
+    for k, (stage, device, plan) in enumerate(zip(stages, devices, plans)):
+        with tf.device(device):
+            stage_optimizer = compile_utils.clone_optimizer(optimizer)
+            stage_optimizer.build(stage.trainable_variables)
+        last_loss = loss if k == len(stages) - 1 else None
+        runners.append(StageRunner(k, stage, device, stage_optimizer, plan, loss=last_loss))
+    return runners

@@ -1,0 +1,89 @@
+"""`runtime.loop`: which forwards keep their tape, learning rates across stages, stops."""
+
+import keras
+import numpy as np
+import pytest
+
+from tf_spectrain import modes, schedule
+from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.runtime.loop import keep_rules, sync_learning_rates
+from tf_spectrain.runtime.state import op_lists
+
+
+def _gap(ops, i):
+    """Updates applied between the forward and the backward of mini-batch i (recounted)."""
+    updates, at = 0, {}
+    for op in ops:
+        if op.kind == schedule.UPDATE:
+            updates += 1
+        elif op.micro == 0 and op.kind in (schedule.FORWARD, schedule.BACKWARD):
+            at[(op.kind, op.batch)] = updates
+    return at[(schedule.BACKWARD, i)] - at[(schedule.FORWARD, i)]
+
+
+@pytest.mark.parametrize(
+    "mode, target",
+    [("vanilla", "paper"), ("stash", "paper"), ("spectrain", "paper"), ("sync", "paper"),
+     ("spectrain", "consistent")],
+)
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_keep_rules_keep_the_tape_exactly_when_the_backward_uses_the_forwards_weights(
+    mode, target, num_stages
+):
+    lists = op_lists(mode, num_stages, 6)
+    plans = [modes.pass_plan(mode, k, num_stages, target) for k in range(num_stages)]
+    rules = keep_rules(plans, lists)
+    reuse = mode in ("stash", "sync") or target == "consistent"
+    for k, rule in enumerate(rules):
+        for i in range(6):
+            gap = _gap(lists[k], i)
+            if reuse:  # the backward uses the forward's weights
+                expected = True
+            else:  # recomputes unless no update came between and the gaps are equal
+                s_f, s_b = (0, 0) if mode == "vanilla" else schedule.version_gaps(k, num_stages)
+                expected = gap == 0 and s_f == s_b
+            assert rule((i, 0)) == expected, (mode, k, i, gap)
+    if mode == "vanilla":  # stage 0 of a deep pipeline recomputes most backwards
+        assert not all(rules[0]((i, 0)) for i in range(6))
+
+
+def test_sync_learning_rates_copy_the_last_stages_rate():
+    optimizers = [keras.optimizers.SGD(0.1) for _ in range(3)]
+    optimizers[-1].learning_rate = 0.025
+    sync_learning_rates(optimizers)
+    assert [float(o.learning_rate) for o in optimizers] == pytest.approx([0.025] * 3)
+
+
+def test_sync_learning_rates_leave_schedules_alone():
+    def schedule_():
+        return keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+
+    optimizers = [keras.optimizers.SGD(schedule_()) for _ in range(2)]
+    optimizers[0].iterations.assign(3)
+    before = float(optimizers[0].learning_rate)
+    sync_learning_rates(optimizers)
+    assert float(optimizers[0].learning_rate) == pytest.approx(before)
+    assert before == pytest.approx(0.1 * 0.5**3)
+
+
+def test_request_stop_from_a_batch_callback_ends_the_epoch_after_the_drain():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    h = keras.layers.Dense(4, name="d0")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="d1")(h))
+    pipe = PipelineModel(model, cuts=["d0"], devices=["/CPU:0", "/CPU:1"], mode="stash")
+    pipe.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                pipe.request_stop()
+
+    x, y = np.ones((40, 3), "float32"), np.zeros((40, 2), "float32")
+    history = pipe.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[StopAfter()])
+    assert len(history.history["loss"]) == 1  # one (shortened) epoch
+    epoch, done, total = pipe.state.epoch_progress
+    assert (epoch, total) == (0, 10) and 3 <= done < total  # the ones in flight finished
+    assert [r.updates for r in pipe.runners] == [done, done]
+    assert all(r.in_flight == 0 for r in pipe.runners)
+    assert pipe.epochs_trained == 1

@@ -1,0 +1,140 @@
+"""Mini-batches for `PipelineModel`: arrays or datasets as `tf.data` batches of `(x, y)`.
+
+Arrays are checked against the model and loss, then batched; shuffled arrays get an order
+per epoch that depends only on a seed and the epoch count, so a resumed run sees the
+epochs an uninterrupted one would.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf_spectrain import input_checks
+
+
+def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
+    """`(x, y)` batches from arrays or a dataset, checked against the model and loss.
+
+    Args:
+        model: the wrapped Keras model (its inputs fix the expected shapes).
+        loss: the compiled loss (it fixes the expected labels).
+        x, y: arrays, or `x` a `tf.data.Dataset` of `(x, y)` batches (used as given).
+        batch_size: for arrays; None for the default of 32.
+        shuffle: shuffle arrays (reshuffled at every iteration).
+        names: how error messages call `x` and `y`.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)` batches.
+
+    Raises:
+        ValueError, TypeError: for a bad `batch_size` or data that does not fit the model.
+    """
+    batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    input_checks.check_int("batch_size", batch_size, 1)
+    n_x = input_checks.check_data(model, loss, x, y, names)
+    if n_x is None:
+        return x  # a dataset of (x, y) batches, used as given
+    inputs = input_checks.model_inputs(model, x)
+    ds = tf.data.Dataset.from_tensor_slices((inputs, y))
+    if shuffle:
+        ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
+    return ds.batch(batch_size).prefetch(2)
+
+
+def epoch_batches(model, x, y, batch_size, seed, epoch):
+    """Arrays (already checked) shuffled for epoch `epoch` of a pipeline's life.
+
+    The order depends only on `seed` and `epoch`, so successive `fit` calls see new
+    orders, as with Keras, and a resumed run the same orders as an uninterrupted one.
+    """
+    batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    inputs = input_checks.model_inputs(model, x)
+    n = len(tf.nest.flatten(inputs)[0])
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+
+    def permuted(part):
+        return np.asarray(part)[order]
+
+    inputs = tf.nest.map_structure(permuted, inputs)
+    labels = tf.nest.map_structure(permuted, y) if isinstance(y, (tuple, dict)) else permuted(y)
+    ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
+    return ds.batch(batch_size).prefetch(2)
+
+
+def num_batches(ds, steps):
+    """Mini-batches per epoch: `steps` if given, else the dataset's known length.
+
+    Raises:
+        ValueError: a bad `steps`, or a dataset of unknown, infinite or zero length.
+    """
+    if steps is not None:
+        input_checks.check_int("steps_per_epoch", steps, 1)
+        return int(steps)
+    n = int(ds.cardinality())
+    if n < 0:
+        raise ValueError(
+            "The number of batches in the dataset is unknown or infinite; pass "
+            "`steps_per_epoch` (the pipeline schedule needs the epoch length up front)."
+        )
+    if n == 0:
+        raise ValueError("The training data is empty.")
+    return n
+
+
+def check_micro_batches(x, batch_size, steps_per_epoch, micro_batches):
+    """With GPipe micro-batches, array mini-batches must split into equal parts.
+
+    Raises:
+        ValueError: `micro_batches` does not divide `batch_size`, or the last mini-batch
+            of an epoch has fewer examples than `micro_batches`.
+    """
+    m = micro_batches
+    if m == 1 or isinstance(x, tf.data.Dataset):
+        return  # a dataset's batch sizes are only known when it runs
+    batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    if batch_size % m:
+        raise ValueError(
+            f"`micro_batches`={m} must divide `batch_size` (each mini-batch splits into "
+            f"{m} equal micro-batches). Received: batch_size={batch_size}"
+        )
+    n = len(tf.nest.flatten(x)[0])
+    last = n % batch_size
+    if steps_per_epoch is None and 0 < last < m:
+        raise ValueError(
+            f"The last mini-batch of an epoch has {last} examples ({n} examples, "
+            f"batch_size={batch_size}), fewer than `micro_batches`={m}: it cannot be "
+            "split. Choose a batch size that leaves no remainder, or fewer micro-batches."
+        )
+
+
+class EpochFeed:
+    """The mini-batches of every epoch of one `fit`, checked before training starts.
+
+    Arrays with `shuffle` (and no `steps_per_epoch`) get a new order per epoch from
+    `epoch_batches`; a dataset is iterated anew each epoch, or, with `steps_per_epoch`,
+    continued across epochs.
+
+    Args:
+        model, loss: the wrapped model and the compiled loss (to check the data).
+        x, y, batch_size, shuffle, steps_per_epoch: as `PipelineModel.fit` takes them.
+        micro_batches: the pipeline's GPipe micro-batches per mini-batch.
+
+    Raises:
+        ValueError, TypeError: data that does not fit, or an epoch length that is
+            unknown or cannot be split into micro-batches.
+    """
+
+    def __init__(self, model, loss, x, y, batch_size, shuffle, steps_per_epoch, micro_batches):
+        self.dataset = dataset(model, loss, x, y, batch_size, shuffle)
+        self.num_batches = num_batches(self.dataset, steps_per_epoch)
+        check_micro_batches(x, batch_size, steps_per_epoch, micro_batches)
+        self._arrays = (model, x, y, batch_size)
+        self._per_epoch_order = (
+            shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
+        )
+        self._iterator = iter(self.dataset) if steps_per_epoch is not None else None
+
+    def batches(self, seed, epoch):
+        """An iterator of the `(x, y)` mini-batches of the next epoch."""
+        if self._per_epoch_order:
+            return iter(epoch_batches(*self._arrays, seed, epoch))
+        return self._iterator if self._iterator is not None else iter(self.dataset)

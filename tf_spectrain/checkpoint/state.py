@@ -1,0 +1,236 @@
+"""What a trainer's training state is, and saving and restoring it exactly.
+
+    ckpt = tf_spectrain.checkpoint.PipelineCheckpoint("ckpts", keep=3, metadata={"seed": 0})
+    pipe.fit(..., callbacks=[ckpt])                       # saves at every epoch end
+    # later, in a new process, after building and compiling the same pipeline:
+    info = tf_spectrain.checkpoint.restore_checkpoint(pipe, latest_checkpoint("ckpts"))
+    pipe.fit(..., initial_epoch=info["epoch"])
+
+A checkpoint holds, for every stage, all its variables (weights, BatchNorm statistics, the
+random-generator state of dropout layers) and all its optimizer's variables (momentum,
+iteration count, learning rate), the pipeline's `shuffle_seed` and `epochs_trained` (the
+order of shuffled arrays in the next epochs), plus a description of the run: the model's
+layers and weight shapes, the cuts, the mode, the optimizer class and whatever `metadata`
+the caller adds. A compiled `keras.Model` is checkpointed the same way, as one part.
+Restoring checks everything first and assigns nothing unless all of it fits.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+
+from tf_spectrain.checkpoint import compat, store
+from tf_spectrain.checkpoint.format import CheckpointError
+from tf_spectrain.pipeline_model import PipelineModel
+
+# What must match for a checkpoint to be restored (the caller's metadata keys are added).
+COMPARED = (
+    "kind",
+    "architecture",
+    "num_stages",
+    "cuts",
+    "mode",
+    "spectrain_target",
+    "micro_batches",
+    "optimizer",
+)
+
+
+def is_pipeline(trainer):
+    """True if `trainer` is a `tf_spectrain.PipelineModel`."""
+    return isinstance(trainer, PipelineModel)
+
+
+def trainer_optimizers(trainer):
+    """The optimizers of `trainer`: each stage's for a pipeline, else the model's one.
+
+    Args:
+        trainer: a compiled `PipelineModel` or `keras.Model`.
+
+    Returns:
+        A list of optimizers.
+
+    Raises:
+        TypeError: `trainer` is neither.
+        ValueError: a pipeline that is not compiled.
+    """
+    if is_pipeline(trainer):
+        return list(trainer.stage_optimizers)
+    _check_keras_model(trainer)
+    return [trainer.optimizer]
+
+
+def _check_keras_model(trainer):
+    """Refuses what is neither a pipeline nor a keras.Model."""
+    if not isinstance(trainer, keras.Model):
+        raise TypeError(
+            "Checkpoints need a `tf_spectrain.PipelineModel` or a compiled keras.Model. "
+            f"Received: {type(trainer).__name__}"
+        )
+
+
+def _parts(trainer):
+    """`[(prefix, variables)]` of everything a checkpoint holds."""
+    if is_pipeline(trainer):
+        parts = []
+        pairs = zip(trainer.stages, trainer.stage_optimizers, strict=True)
+        for k, (stage, optimizer) in enumerate(pairs):
+            parts.append((f"stage{k}/variables", list(stage.variables)))
+            parts.append((f"stage{k}/optimizer", list(optimizer.variables)))
+        return parts
+    _check_keras_model(trainer)
+    optimizer = getattr(trainer, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("The keras.Model must be compiled (with an optimizer) to be checkpointed.")
+    if not optimizer.built:
+        with _scope(trainer):
+            optimizer.build(trainer.trainable_variables)
+    return [
+        ("model/variables", list(trainer.variables)),
+        ("model/optimizer", list(optimizer.variables)),
+    ]
+
+
+def _scope(model):
+    """The distribution strategy scope of `model` (a null context without one)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None:
+        return strategy.scope()
+    return contextlib.nullcontext()
+
+
+def describe_run(trainer):
+    """The metadata that identifies what a checkpoint belongs to.
+
+    Args:
+        trainer: a compiled `PipelineModel` or `keras.Model`.
+
+    Returns:
+        A JSON-serialisable dict: `kind` ("pipeline" or "keras"), `model` (its name),
+        `architecture` (layer types and weight shapes), `optimizer` (its class name) and,
+        for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`.
+
+    Raises:
+        TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
+        ValueError: a pipeline that is not compiled.
+    """
+    pipeline = is_pipeline(trainer)
+    model = trainer.model if pipeline else trainer
+    optimizer = trainer_optimizers(trainer)[-1]
+    # Layer types and weight shapes, not names: Keras numbers unnamed layers by how many
+    # were built before in the process, so names differ between equal models.
+    architecture = [
+        f"{type(layer).__name__}{[list(w.shape) for w in layer.weights]}" for layer in model.layers
+    ]
+    info = {
+        "kind": "pipeline" if pipeline else "keras",
+        "model": model.name,
+        "architecture": architecture,
+        "optimizer": type(optimizer).__name__,
+    }
+    if pipeline:
+        info.update(
+            num_stages=trainer.num_stages,
+            cuts=list(trainer.cuts),
+            mode=trainer.mode,
+            spectrain_target=trainer.spectrain_target,
+            micro_batches=trainer.micro_batches,
+        )
+    return info
+
+
+def save(trainer, directory, *, epoch, batch=0, keep=3, metadata=None):
+    """Saves `trainer`'s full training state as one checkpoint.
+
+    Args:
+        trainer: a compiled `PipelineModel` (between epochs) or `keras.Model`.
+        directory: the checkpoint directory.
+        epoch: completed epochs.
+        batch: mini-batches done of the epoch in progress.
+        keep: keep only the newest `keep` checkpoints (None: all).
+        metadata: extra JSON-serialisable facts about the run, checked on restore.
+
+    Returns:
+        The checkpoint's path.
+
+    Raises:
+        TypeError, ValueError: see `describe_run` and `store.save_checkpoint`.
+        OSError: the checkpoint could not be written.
+    """
+    arrays = {}
+    for prefix, variables in _parts(trainer):
+        for j, v in enumerate(variables):
+            arrays[f"{prefix}/{j}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
+    meta = dict(describe_run(trainer), extra=dict(metadata or {}))
+    if is_pipeline(trainer):
+        # The order of shuffled arrays in the next epochs.
+        meta["shuffle_seed"], meta["epochs_trained"] = trainer.shuffle_seed, trainer.epochs_trained
+    return store.save_checkpoint(directory, arrays, meta, epoch=epoch, batch=batch, keep=keep)
+
+
+def restore_checkpoint(trainer, path, metadata=None):
+    """Loads a checkpoint into `trainer` (all or nothing); returns its info.
+
+    Args:
+        trainer: the compiled `PipelineModel` or `keras.Model` to restore, built the same
+            way as the one that was saved.
+        path: a checkpoint path (see `tf_spectrain.checkpoint.latest_checkpoint`).
+        metadata: the extra facts of this run; they must equal the saved ones.
+
+    Returns:
+        The checkpoint's info dict: `epoch` (completed epochs: pass it to `fit` as
+        `initial_epoch`), `batch` (mini-batches of that epoch already done, for a
+        checkpoint written on an interruption), `metadata`, `path`.
+
+    Raises:
+        CheckpointError (a ValueError): a corrupt checkpoint (naming the file) or one
+            written by a different model, cuts, mode or run (saying what differs).
+        TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
+    """
+    arrays, info = store.load_checkpoint(path)
+    current = dict(describe_run(trainer), extra=dict(metadata or {}))
+    saved = info["metadata"]
+    keys = list(COMPARED) + [f"extra.{k}" for k in sorted(current["extra"])]
+    compat.check_compatible(dict(info, metadata=_flatten(saved)), _flatten(current), keys)
+    parts = _parts(trainer)
+    assignments = []
+    for prefix, variables in parts:
+        for j, v in enumerate(variables):
+            key = f"{prefix}/{j}"
+            if key not in arrays:
+                raise CheckpointError(
+                    f"Checkpoint {path} has no value for {key} ({v.path}): it was written by "
+                    "a different model or optimizer."
+                )
+            value = arrays[key]
+            if tuple(value.shape) != tuple(v.shape):
+                raise CheckpointError(
+                    f"Checkpoint {path}: {key} ({v.path}) has shape {tuple(value.shape)} but "
+                    f"this model's variable has shape {tuple(v.shape)}."
+                )
+            assignments.append((v, value))
+    expected = {f"{prefix}/{j}" for prefix, vs in parts for j in range(len(vs))}
+    extra = sorted(set(arrays) - expected)
+    if extra:
+        raise CheckpointError(
+            f"Checkpoint {path} holds values this model does not have ({', '.join(extra[:5])}"
+            f"{', ...' if len(extra) > 5 else ''}): it was written by a different model or "
+            "optimizer."
+        )
+    for v, value in assignments:
+        v.assign(value.astype(v.dtype) if hasattr(value, "astype") else value)
+    if is_pipeline(trainer):
+        if "shuffle_seed" in saved:
+            trainer.shuffle_seed = int(saved["shuffle_seed"])
+            trainer.epochs_trained = int(saved["epochs_trained"])
+        trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
+    return info
+
+
+def _flatten(meta):
+    """`extra` entries as `extra.<key>` so that they are compared one by one."""
+    flat = {k: v for k, v in meta.items() if k != "extra"}
+    for k, v in (meta.get("extra") or {}).items():
+        flat[f"extra.{k}"] = v
+    return flat

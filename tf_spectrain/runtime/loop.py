@@ -1,0 +1,140 @@
+"""The epoch loop of `PipelineModel.fit`: callbacks, schedules, stage threads, validation.
+
+Each epoch builds every stage's instruction list (`runtime.state.op_lists`), runs it with one
+thread per stage (`runtime.executor.EpochRun`), and reports each finished mini-batch to the
+Keras callbacks from the caller's thread. The pipeline drains at every epoch end; the
+trained weights are then copied back into the wrapped model before `on_epoch_end`.
+"""
+
+import time
+
+from tf_spectrain import schedule
+from tf_spectrain.runtime.executor import EpochRun
+from tf_spectrain.runtime.state import op_lists
+
+
+def keep_rules(plans, lists):
+    """For each stage, whether the forward of `(i, j)` keeps its activations."""
+    rules = []
+    for plan, ops in zip(plans, lists):
+        seen = schedule.versions_seen(ops)
+
+        def keep(key, seen=seen, plan=plan):
+            i, j = key
+            between = seen[(schedule.BACKWARD, i, j)] - seen[(schedule.FORWARD, i, j)]
+            return plan.same_weights(between)
+
+        rules.append(keep)
+    return rules
+
+
+def sync_learning_rates(optimizers):
+    """Gives every stage the learning rate that callbacks set on the last stage's optimizer.
+
+    Callbacks such as LearningRateScheduler or ReduceLROnPlateau change the learning rate
+    of `model.optimizer` (the last stage's); the other stages follow at epoch starts.
+    Schedules need nothing: each stage has its own copy.
+    """
+    source = optimizers[-1]
+    if isinstance(source.get_config()["learning_rate"], dict):
+        return  # a LearningRateSchedule (or a callable), serialised as a dict
+    value = float(source.learning_rate)
+    for optimizer in optimizers[:-1]:
+        if float(optimizer.learning_rate) != value:
+            optimizer.learning_rate = value
+
+
+class FitLoop:
+    """Runs the epochs of one `fit` call of a compiled `PipelineModel`.
+
+    Args:
+        pipeline: the `PipelineModel` (compiled).
+        callbacks: the `keras.callbacks.CallbackList` of this `fit`.
+        logs: the `runtime.bookkeeping.TrainLogs` of this `fit`.
+        num_batches: mini-batches per epoch.
+        on_nan: `"stop"` or `"skip"`.
+    """
+
+    def __init__(self, pipeline, callbacks, logs, num_batches, on_nan):
+        self.pipeline = pipeline
+        self.callbacks = callbacks
+        self.logs = logs
+        self.num_batches = num_batches
+        self.on_nan = on_nan
+        self._run = None  # the EpochRun in progress
+
+    def request_stop(self):
+        """Feeds no further mini-batch to the epoch in progress (safe from any thread)."""
+        run = self._run
+        if run is not None:
+            run.request_stop()
+
+    def run(self, initial_epoch, epochs, next_batches, validate=None):
+        """Trains epochs `initial_epoch..epochs-1`; returns the last epoch's logs.
+
+        Args:
+            initial_epoch, epochs: the epoch range.
+            next_batches: `epoch -> iterator of (x, y) mini-batches` of that epoch.
+            validate: None, or a function returning the validation logs (without the
+                `val_` prefix), called at the end of each epoch that was not cut short.
+        """
+        pipe, callbacks = self.pipeline, self.callbacks
+        callbacks.on_train_begin()
+        logs = {}
+        for epoch in range(initial_epoch, epochs):
+            self.logs.reset()
+            callbacks.on_epoch_begin(epoch)
+            sync_learning_rates(pipe.stage_optimizers)
+            if epoch > initial_epoch:
+                pipe.copy_weights_to_stages()  # callbacks may have set the model's weights
+            self._run_epoch(epoch, next_batches(epoch))
+            logs = self.logs.result()
+            cut_short = pipe.progress.epoch_progress[1] < self.num_batches
+            if validate is not None and not cut_short:
+                logs.update({f"val_{k}": v for k, v in validate().items()})
+            callbacks.on_epoch_end(epoch, logs)
+            if pipe.model.stop_training:
+                break
+        callbacks.on_train_end(logs)
+        return logs
+
+    def _run_epoch(self, epoch, batches):
+        """One epoch through the stage threads; the weights end up in the wrapped model."""
+        pipe, progress, n = self.pipeline, self.pipeline.progress, self.num_batches
+        lists = op_lists(pipe.mode, pipe.num_stages, n, pipe.micro_batches)
+        run = EpochRun(
+            pipe.runners,
+            lists,
+            batches,
+            pipe.micro_batches,
+            keep_rules(pipe.plans, lists),
+            label=f"epoch {epoch}",
+        )
+        for runner in pipe.runners:
+            runner.timeline.clear()
+            runner.events.clear()
+        progress.epoch_progress = (epoch, 0, n)
+
+        def on_batch(i, parts):
+            self.callbacks.on_train_batch_begin(i)
+            self.logs.record(epoch, i, parts, self.on_nan)
+            progress.epoch_progress = (epoch, i + 1, n)
+            self.callbacks.on_train_batch_end(i, self.logs.result())
+            if pipe.model.stop_training:
+                run.request_stop()
+
+        self._run = run
+        started = time.perf_counter()
+        try:
+            if pipe.model.stop_training:
+                run.request_stop()  # stopped from outside before this epoch began
+            run.run(on_batch)
+        except BaseException:
+            for runner in pipe.runners:
+                runner.probe = None  # measurements belong to this fit's callbacks
+            raise
+        finally:
+            self._run = None
+            progress.epoch_seconds = time.perf_counter() - started
+            pipe.epochs_trained += 1
+            pipe.copy_weights_to_model()
