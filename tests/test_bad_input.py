@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import tf_spectrain
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.input_checks import check_fit_args
+from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
 PACKAGE_DIR = os.path.dirname(os.path.realpath(tf_spectrain.__file__))

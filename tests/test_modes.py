@@ -52,9 +52,12 @@ def test_same_weights(plan, between, expected):
 @pytest.mark.parametrize(
     "mode, target, message",
     [
-        ("spectran", "paper", r"`mode` must be one of .*Received: mode='spectran'; did you mean 'spectrain'"),
-        ("pipedream", "paper", r"`mode` must be one of \['sync', 'vanilla', 'stash', 'spectrain'\]"),
-        ("spectrain", "consistant", r"`spectrain_target` must be one of .*did you mean 'consistent'"),
+        ("spectran", "paper",
+         r"`mode` must be one of .*Received: mode='spectran'; did you mean 'spectrain'"),
+        ("pipedream", "paper",
+         r"`mode` must be one of \['sync', 'vanilla', 'stash', 'spectrain'\]"),
+        ("spectrain", "consistant",
+         r"`spectrain_target` must be one of .*did you mean 'consistent'"),
     ],
 )
 def test_bad_mode_or_target(mode, target, message):
