@@ -175,7 +175,14 @@ def repeated_flags(parser, argv):
 def parse_args(argv=None):
     """Parses and checks `argv` into a `RunConfig` and creates its output directories.
 
-    On bad input it prints every error at once and exits with code 2.
+    Args:
+        argv: the arguments after the program name; None means `sys.argv[1:]`.
+
+    Returns:
+        The checked `RunConfig`, default paths resolved, its output directories created.
+
+    Raises:
+        SystemExit: with code 2 on bad input, after printing every error at once.
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
