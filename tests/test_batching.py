@@ -1,5 +1,7 @@
 """`batching`: arrays and datasets as `(x, y)` mini-batches for a pipeline."""
 
+import itertools
+
 import keras
 import numpy as np
 import pytest
@@ -8,9 +10,9 @@ import tensorflow as tf
 from tf_spectrain import batching
 
 
-def _model():
+def _model(classes=2):
     inputs = keras.Input((3,))
-    return keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(classes)(inputs))
 
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -79,6 +81,12 @@ def test_num_batches_refuses(ds, steps, pattern):
         batching.num_batches(ds, steps)
 
 
+def _feed(n, batch_size, steps, m, x=None):
+    y = np.zeros(n, "int64") if x is None else None
+    x = np.zeros((n, 3), "float32") if x is None else x
+    return batching.EpochFeed(_model(), LOSS, x, y, batch_size, False, steps, m)
+
+
 @pytest.mark.parametrize(
     "n, batch_size, steps, m, pattern",
     [
@@ -86,18 +94,32 @@ def test_num_batches_refuses(ds, steps, pattern):
         (13, 4, None, 2, "last mini-batch of an epoch has 1 examples"),
     ],
 )
-def test_check_micro_batches_refuses(n, batch_size, steps, m, pattern):
+def test_epoch_feed_refuses_mini_batches_that_do_not_split(n, batch_size, steps, m, pattern):
     with pytest.raises(ValueError, match=pattern):
-        batching.check_micro_batches(np.zeros((n, 3)), batch_size, steps, m)
+        _feed(n, batch_size, steps, m)
 
 
 @pytest.mark.parametrize(
-    "n, batch_size, steps, m", [(12, 6, None, 3), (13, 4, 3, 2), (13, 4, None, 1), (14, 4, None, 2)]
+    "n, batch_size, steps, m, num_batches",
+    [(12, 6, None, 3, 2), (13, 4, 3, 2, 3), (13, 4, None, 1, 4), (14, 4, None, 2, 4)],
 )
-def test_check_micro_batches_accepts(n, batch_size, steps, m):
-    assert batching.check_micro_batches(np.zeros((n, 3)), batch_size, steps, m) is None
+def test_epoch_feed_accepts(n, batch_size, steps, m, num_batches):
+    assert _feed(n, batch_size, steps, m).num_batches == num_batches
 
 
-def test_check_micro_batches_leaves_datasets_alone():
-    ds = tf.data.Dataset.range(3)
-    assert batching.check_micro_batches(ds, 5, None, 4) is None
+def test_epoch_feed_leaves_a_datasets_batches_to_run_time():
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((6, 3), "float32"), np.zeros(6, "int64")))
+    ds = ds.batch(5)
+    assert _feed(6, None, None, 4, x=ds).num_batches == 2
+
+
+def test_epoch_feed_orders_shuffled_arrays_per_epoch_and_continues_a_dataset():
+    x, y = np.arange(30, dtype="float32").reshape(10, 3), np.arange(10)
+    feed = batching.EpochFeed(_model(10), LOSS, x, y, 10, True, None, 1)
+    got = next(feed.batches(5, 2))[1].numpy()
+    np.testing.assert_array_equal(got, np.random.default_rng([5, 2]).permutation(10))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(2).repeat()
+    feed = batching.EpochFeed(_model(10), LOSS, ds, None, None, False, 3, 1)
+    first = [yb.numpy().tolist() for _, yb in itertools.islice(feed.batches(0, 0), 3)]
+    second = [yb.numpy().tolist() for _, yb in itertools.islice(feed.batches(0, 1), 2)]
+    assert first + second == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # one iterator

@@ -80,32 +80,6 @@ def num_batches(ds, steps):
     return n
 
 
-def check_micro_batches(x, batch_size, steps_per_epoch, micro_batches):
-    """With GPipe micro-batches, array mini-batches must split into equal parts.
-
-    Raises:
-        ValueError: `micro_batches` does not divide `batch_size`, or the last mini-batch
-            of an epoch has fewer examples than `micro_batches`.
-    """
-    m = micro_batches
-    if m == 1 or isinstance(x, tf.data.Dataset):
-        return  # a dataset's batch sizes are only known when it runs
-    batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    if batch_size % m:
-        raise ValueError(
-            f"`micro_batches`={m} must divide `batch_size` (each mini-batch splits into "
-            f"{m} equal micro-batches). Received: batch_size={batch_size}"
-        )
-    n = len(tf.nest.flatten(x)[0])
-    last = n % batch_size
-    if steps_per_epoch is None and 0 < last < m:
-        raise ValueError(
-            f"The last mini-batch of an epoch has {last} examples ({n} examples, "
-            f"batch_size={batch_size}), fewer than `micro_batches`={m}: it cannot be "
-            "split. Choose a batch size that leaves no remainder, or fewer micro-batches."
-        )
-
-
 class EpochFeed:
     """The mini-batches of every epoch of one `fit`, checked before training starts.
 
@@ -126,7 +100,12 @@ class EpochFeed:
     def __init__(self, model, loss, x, y, batch_size, shuffle, steps_per_epoch, micro_batches):
         self.dataset = dataset(model, loss, x, y, batch_size, shuffle)
         self.num_batches = num_batches(self.dataset, steps_per_epoch)
-        check_micro_batches(x, batch_size, steps_per_epoch, micro_batches)
+        if not isinstance(x, tf.data.Dataset):  # a dataset's batch sizes show when it runs
+            input_checks.check_micro_batch_split(
+                None if steps_per_epoch is not None else len(tf.nest.flatten(x)[0]),
+                input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+                micro_batches,
+            )
         self._arrays = (model, x, y, batch_size)
         self._per_epoch_order = (
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
