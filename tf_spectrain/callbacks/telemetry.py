@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checkpoint_store, checks, modes, schedule
+from tf_spectrain import checks, modes, schedule
 from tf_spectrain.runtime.probe import WeightProbe
 
 # "auto" logs so that per-step logging costs under 2% of the step time; aim lower, since
@@ -84,16 +84,13 @@ class Telemetry(keras.callbacks.Callback):
         self, logdir, log_every="auto", prediction_every=10, batch_size=None, steps_per_epoch=None
     ):
         super().__init__()
-        if not isinstance(logdir, str) and not hasattr(logdir, "__fspath__"):
-            raise TypeError(f"`logdir` must be a path. Received: logdir={logdir!r}")
         checks.check_int("log_every", log_every, 1, allow=("auto",))
         if prediction_every != 0:
             checks.check_int("prediction_every", prediction_every, 1)
         for name, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
             if value is not None:
                 checks.check_int(name, value, 1)
-        checkpoint_store.check_writable_dir(logdir, "logdir")
-        self.logdir = str(logdir)
+        self.logdir = checks.check_writable_dir("logdir", logdir)
         self.steps_per_epoch = steps_per_epoch
         self.resume_batch = 0
         self.log_every = log_every
