@@ -32,6 +32,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tf_spectrain", "tf_spectrain.*"]) + ["tf_spectrain.models"],
+    # The zoo lives in the top-level `models/` folder but installs as `tf_spectrain.models`:
+    # a top-level package named `models` would collide with others in users' environments.
     package_dir={"tf_spectrain": "tf_spectrain", "tf_spectrain.models": "models"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -1,4 +1,4 @@
-"""Smoke tests of `benchmarks/accuracy.py` and `benchmarks/prediction.py` on a tiny setting.
+"""Smoke tests of `benchmarks.accuracy` and `benchmarks.prediction` on a tiny setting.
 
 Both scripts run in this process (conftest's 4 logical devices) on the zoo's `small_cnn`, 64
 digits and 2 epochs. Their outputs are checked against independent computations: the
@@ -9,19 +9,12 @@ formula written out here.
 """
 
 import math
-import pathlib
 import re
-import sys
 
 import numpy as np
 import pytest
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import accuracy  # noqa: E402
-import common  # noqa: E402
-import prediction  # noqa: E402
+from benchmarks import accuracy, common, prediction
 
 N = 4
 LR = 0.01
