@@ -183,7 +183,7 @@ def balanced_cuts(model, num_stages):
     starts = [0] + [e + 1 for e in ends[:-1]]
     total = float(sum(costs.values()))
     values = list(costs.values())
-    shares = [sum(values[a : b + 1]) / total for a, b in zip(starts, ends)]
+    shares = [sum(values[a : b + 1]) / total for a, b in zip(starts, ends, strict=True)]
     return cuts, shares
 
 

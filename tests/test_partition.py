@@ -384,11 +384,11 @@ def _macs_cuts_by_enumeration(model, num_stages):
     best = None
     for cuts in itertools.combinations(range(len(names) - 1), num_stages - 1):
         bounds = [-1, *cuts, len(names) - 1]
-        if not all(any(weighted[a + 1 : b + 1]) for a, b in zip(bounds, bounds[1:])):
+        if not all(any(weighted[a + 1 : b + 1]) for a, b in itertools.pairwise(bounds)):
             continue
         if not all(weighted[p + 1] for p in cuts):
             continue
-        stage = [sum(costs[a + 1 : b + 1]) for a, b in zip(bounds, bounds[1:])]
+        stage = [sum(costs[a + 1 : b + 1]) for a, b in itertools.pairwise(bounds)]
         key = (max(stage), sum(c * c for c in stage), [-p for p in cuts])
         if best is None or key < best[0]:
             best = (key, [names[p] for p in cuts])

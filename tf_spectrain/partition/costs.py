@@ -37,7 +37,7 @@ def layer_costs(model, cost="params"):
     """
     checks.check_one_of("cost", cost, COSTS)
     graph = read_graph(model)
-    return dict(zip(graph.names, graph_costs(graph, cost)))
+    return dict(zip(graph.names, graph_costs(graph, cost), strict=True))
 
 
 def graph_costs(graph, cost):
