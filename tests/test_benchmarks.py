@@ -9,6 +9,7 @@ formula written out here.
 """
 
 import math
+import os
 import re
 
 import numpy as np
@@ -258,6 +259,21 @@ def test_list_arguments_parse(text, expected):
     assert common.csv_of(float)(text) == expected
 
 
+def test_child_processes_run_the_benchmarks_as_modules_from_anywhere(tmp_path):
+    """Children start as `python -m benchmarks.<name>` with the repository first on their
+    PYTHONPATH, so they find the package whatever the working directory."""
+    import subprocess
+
+    cmd, env = common.child_command("benchmarks.accuracy", ["--help"], {"PYTHONPATH": "/x"})
+    assert cmd[1:] == ["-m", "benchmarks.accuracy", "--help"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [common.ROOT, "/x"]
+    assert os.path.isfile(os.path.join(common.ROOT, "benchmarks", "__init__.py"))
+    cmd, env = common.child_command("benchmarks.accuracy", ["--help"])
+    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("usage: python -m benchmarks.accuracy")
+
+
 def test_markdown_table_rejects_ragged_rows():
     with pytest.raises(ValueError, match="Every row must have 2 cells"):
         common.markdown_table(["a", "b"], [["1", "2"], ["3"]])
@@ -336,7 +352,6 @@ def test_data_parallel_baseline_is_large_batch_sgd():
     the sum is formed does not change whether the replicas' gradients are averaged."""
     import keras
     import tensorflow as tf
-
     from conftest import DEVICES
 
     rng = np.random.default_rng(3)
