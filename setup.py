@@ -5,20 +5,21 @@ from setuptools import find_packages, setup
 
 HERE = pathlib.Path(__file__).parent
 
-# Keep these ranges identical to requirements.txt (tests/test_packaging.py checks it).
-INSTALL_REQUIRES = [
-    "tensorflow>=2.21,<2.22",
-    "keras>=3.15,<4",
-    "tensorflow-datasets>=4.9.10,<5",
-    "tensorboard>=2.20,<3",
-    "importlib_resources>=6",
-    "numpy>=1.26,<3",
-    "scikit-learn>=1.5,<2",
-]
+
+def read_requirements(path):
+    """The requirement lines of a requirements file, without comments and blank lines."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+# requirements.txt is the one list of runtime dependencies (MANIFEST.in ships it).
+INSTALL_REQUIRES = read_requirements(HERE / "requirements.txt")
+TENSORFLOW = next(r for r in INSTALL_REQUIRES if r.startswith("tensorflow>"))
 EXTRAS_REQUIRE = {
-    # matplotlib: tests/test_benchmarks.py runs the benchmarks, plots included.
-    "test": ["pytest>=8,<10", "matplotlib>=3.8,<4"],
-    "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+    # matplotlib: tests/test_benchmarks.py runs the benchmarks, plots included. ruff: the
+    # linter, pinned so that every machine checks the same rules.
+    "test": ["pytest>=8,<10", "matplotlib>=3.8,<4", "ruff==0.17.6"],
+    "gpu": [TENSORFLOW.replace("tensorflow", "tensorflow[and-cuda]", 1)],  # the same range
     "bench": ["matplotlib>=3.8,<4"],  # the PNG plots of benchmarks/
 }
 
@@ -32,6 +33,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tf_spectrain", "tf_spectrain.*"]) + ["tf_spectrain.models"],
+    # The zoo lives in the top-level `models/` folder but installs as `tf_spectrain.models`:
+    # a top-level package named `models` would collide with others in users' environments.
     package_dir={"tf_spectrain": "tf_spectrain", "tf_spectrain.models": "models"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

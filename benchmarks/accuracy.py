@@ -1,8 +1,8 @@
 """Accuracy by mode: the SpecTrain paper's comparison, on the embedded digits set.
 
-    python benchmarks/accuracy.py --quick          # a few minutes: VGG, N=4, lr 0.03, 1 seed
-    python benchmarks/accuracy.py                  # the full grid, under an hour on 2 cores
-    python benchmarks/accuracy.py --help           # every option
+    python -m benchmarks.accuracy --quick          # a few minutes: VGG, N=4, lr 0.03, 1 seed
+    python -m benchmarks.accuracy                  # the full grid, under an hour on 2 cores
+    python -m benchmarks.accuracy --help           # every option
 
 Every configuration (single device, data parallel over 4 replicas, and the pipeline modes
 sync, vanilla, stash, SpecTrain with the paper's and the consistent target) trains the same
@@ -32,8 +32,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from benchmarks import common
 
 PIPELINES = ("sync", "vanilla", "stash", "spectrain-paper", "spectrain-consistent")
 DP_REPLICAS = 4  # the paper's machine: 4 GPUs
@@ -67,6 +66,7 @@ PARALLEL_GAIN = {1: 1.0, 2: 1.3}
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
+        prog="python -m benchmarks.accuracy",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="the few-minute setting")
@@ -221,8 +221,8 @@ def _run_processes(order, args, started):
             with os.fdopen(fd, "w") as f:
                 json.dump({"specs": [s.as_dict() for s in group],
                            "path": _group_file(args.work_dir, group[0].trainer_key)}, f)
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", job_file]
-            running.append((subprocess.Popen(cmd), group, job_file))
+            cmd, env = common.child_command("benchmarks.accuracy", ["--child", job_file])
+            running.append((subprocess.Popen(cmd, env=env), group, job_file))
         time.sleep(1.0)
         for entry in list(running):
             proc, group, job_file = entry
@@ -417,7 +417,7 @@ def describe(args):
     """The setting in one paragraph, with each model's cuts and stage shares."""
     import tf_spectrain  # noqa: F401 - TensorFlow is already set up here
 
-    lines = [f"`{' '.join(['python', 'benchmarks/accuracy.py'] + sys.argv[1:])}`: digits "
+    lines = [f"`{' '.join(['python', '-m', 'benchmarks.accuracy'] + sys.argv[1:])}`: digits "
              f"({args.limit or 1437} training images, 360 test), batch {args.batch_size}, "
              f"{args.epochs} epochs, momentum 0.9, weight decay 5e-4, seeds "
              f"{', '.join(map(str, args.seeds))}"

@@ -1,9 +1,10 @@
 """Shared pieces of the accuracy and prediction benchmarks (`accuracy.py`, `prediction.py`).
 
 - `prepare_tensorflow`: quiet logs, one intra-op thread, logical devices; before any op.
-- Models for a 2-core CPU: `vgg_narrow` (the VGG16 layer pattern, widths / 8) and
-  `resnet20_digits` (ResNet-20 on 16x16 inputs); `build_model` by name.
-- `balanced_cuts`: pipeline cuts balanced by a multiply-accumulate estimate.
+- Models for a 2-core CPU: the zoo's `vgg16_narrow` (the VGG16 layer pattern, widths / 8)
+  and `resnet20_digits` (ResNet-20 on 16x16 inputs); `build_model` by name.
+- `balanced_cuts`: the library's default cuts balanced by compute (`cost="macs"`), with
+  each stage's share.
 - `RunSpec` and `Runner`: training runs on the embedded digits set; a `Runner` builds one
   trainer per (model, configuration, stages) and reuses it, reset to the run's initial
   weights and a fresh optimizer, for every seed and learning rate (no retracing).
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 # The configurations compared: label -> (mode, SpecTrain target).
@@ -36,13 +38,33 @@ CONFIGS = {
 # before a script sets it up (tests/test_benchmarks.py checks that the two agree).
 BASELINES = ("single", "dp")
 
+# The repository root: the folder that holds the `benchmarks` package.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 DATASET = "digits"
 NUM_CLASSES = 10
 INPUT_SHAPE = (32, 32, 3)
 
-# VGG16's filters per convolution in each block, and its fully connected width.
-_VGG16_BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
-_VGG16_FC = 512
+# --- child processes ---------------------------------------------------------------------
+
+
+def child_command(module, args, env=None):
+    """The command and environment that run `python -m <module> <args>` in a child process.
+
+    The repository root comes first on the child's `PYTHONPATH`, so `benchmarks.<name>`
+    is found whatever the working directory (as `python -m` from the root finds it).
+
+    Args:
+        module: the module to run, e.g. `"benchmarks.accuracy"`.
+        args: its command-line arguments (strings).
+        env: the child's environment before that change (default: `os.environ`).
+
+    Returns:
+        `(cmd, env)` for `subprocess.run` / `subprocess.Popen`.
+    """
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return [sys.executable, "-m", module, *args], env
 
 
 # --- TensorFlow set-up -------------------------------------------------------------------
@@ -82,51 +104,6 @@ def prepare_tensorflow(num_devices, intra_op_threads=1):
 # --- models ------------------------------------------------------------------------------
 
 
-def vgg_narrow(input_shape, num_classes, divisor=8):
-    """Builds the VGG16 layer pattern with every width divided by `divisor`.
-
-    Thirteen 3x3 convolutions (no bias, each followed by BatchNorm and ReLU) in five blocks,
-    a 2x2 max-pool after each block, then `flatten`, `fc1`, `fc2` (ReLU) and
-    `predictions`. Layer names are VGG16's (`block3_conv2`, `block3_bn2`, `block3_pool`).
-    With `divisor=8`: 8 to 64 filters, 64 dense units, 0.24M weights.
-
-    Args:
-        input_shape: `(height, width, channels)`, height and width >= 32.
-        num_classes: the number of classes.
-        divisor: an int >= 1 dividing every filter count and the dense width.
-
-    Returns:
-        A functional `keras.Model` named `vgg16_div<divisor>` that outputs logits.
-
-    Raises:
-        ValueError: if `divisor` is not an int >= 1.
-    """
-    import keras
-    from keras import layers
-
-    from tf_spectrain.models.common import batch_norm
-
-    if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
-        raise ValueError(f"`divisor` must be an int >= 1. Received: divisor={divisor!r}")
-    inputs = keras.Input(shape=tuple(input_shape), name="input")
-    x = inputs
-    for block, filters in enumerate(_VGG16_BLOCKS, start=1):
-        for conv, width in enumerate(filters, start=1):
-            x = layers.Conv2D(
-                max(1, width // divisor), 3, padding="same", use_bias=False,
-                name=f"block{block}_conv{conv}",
-            )(x)
-            x = batch_norm(f"block{block}_bn{conv}")(x)
-            x = layers.Activation("relu", name=f"block{block}_relu{conv}")(x)
-        x = layers.MaxPooling2D(2, name=f"block{block}_pool")(x)
-    x = layers.Flatten(name="flatten")(x)
-    units = max(1, _VGG16_FC // divisor)
-    x = layers.Dense(units, activation="relu", name="fc1")(x)
-    x = layers.Dense(units, activation="relu", name="fc2")(x)
-    outputs = layers.Dense(num_classes, name="predictions")(x)
-    return keras.Model(inputs, outputs, name=f"vgg16_div{divisor}")
-
-
 def resnet20_digits(input_shape, num_classes):
     """ResNet-20 (He et al.'s CIFAR layout and widths) on images halved to 16x16.
 
@@ -156,8 +133,9 @@ def build_model(name):
     """Builds a benchmark model for digits by name.
 
     Args:
-        name: `"vgg"` (`vgg_narrow`), `"resnet20"` (`resnet20_digits`) or `"small_cnn"`
-            (the zoo's two-block CNN, for smoke tests).
+        name: `"vgg"` (the zoo's `vgg16_narrow`: VGG16 with every width divided by 8),
+            `"resnet20"` (`resnet20_digits`) or `"small_cnn"` (the zoo's two-block CNN,
+            for smoke tests).
 
     Returns:
         A functional `keras.Model` that outputs logits.
@@ -166,7 +144,9 @@ def build_model(name):
         ValueError: for an unknown name.
     """
     if name == "vgg":
-        return vgg_narrow(INPUT_SHAPE, NUM_CLASSES)
+        from tf_spectrain import models
+
+        return models.vgg16_narrow(INPUT_SHAPE, NUM_CLASSES)
     if name == "resnet20":
         return resnet20_digits(INPUT_SHAPE, NUM_CLASSES)
     if name == "small_cnn":
@@ -179,95 +159,34 @@ def build_model(name):
 # --- balanced cuts -----------------------------------------------------------------------
 
 
-def _size(shape):
-    return math.prod(int(d) for d in shape[1:])
-
-
-def layer_costs(model):
-    """A per-layer compute estimate, in multiply-accumulates per example.
-
-    Convolutions and dense layers count `outputs * fan_in`; every other layer a few
-    operations per output element (BatchNorm 4, the others 1).
-
-    Args:
-        model: a functional `keras.Model`.
-
-    Returns:
-        `(names, costs, weighted)`: the layer names in graph order, their costs, and
-        whether each layer has weights.
-    """
-    import keras
-
-    from tf_spectrain.partition.graph import read_graph
-
-    graph = read_graph(model)
-    costs = []
-    for call in graph.calls:
-        op = call.operation
-        out = sum(_size(t.shape) for t in call.outputs)
-        if isinstance(op, keras.layers.Conv2D):
-            fan_in = op.kernel_size[0] * op.kernel_size[1] * int(call.inputs[0].shape[-1])
-            costs.append(out * fan_in)
-        elif isinstance(op, keras.layers.Dense):
-            costs.append(out * int(call.inputs[0].shape[-1]))
-        elif isinstance(op, keras.layers.BatchNormalization):
-            costs.append(4 * out)
-        else:
-            costs.append(out)
-    weighted = [call.count_params() > 0 for call in graph.calls]
-    return graph.names, costs, weighted
-
-
-def cut_candidates(model):
-    """Positions where a stage may end: one tensor crosses, and every stage gets weights.
-
-    Of consecutive candidates with no weighted layer between them the last is kept (a
-    cut after the pooling rather than before it), and a candidate is dropped when no
-    weighted layer follows it: a stage without weights has nothing to train.
-
-    Returns:
-        A sorted list of positions into the model's layer order (see `layer_costs`).
-    """
-    from tf_spectrain.partition.graph import read_graph
-
-    graph = read_graph(model)
-    _, _, weighted = layer_costs(model)
-    last = len(graph.calls) - 1
-    kept = []
-    for p in range(last):
-        if len(graph.crossing(p)) != 1:
-            continue
-        start = kept[-1] + 1 if kept else 0
-        if kept and not any(weighted[start : p + 1]):
-            kept[-1] = p  # nothing to train between the two: cut at the later one
-        elif any(weighted[start : p + 1]):
-            kept.append(p)
-    while kept and not any(weighted[kept[-1] + 1 :]):
-        kept.pop()
-    return kept
-
-
 def balanced_cuts(model, num_stages):
-    """Cut layers that balance `layer_costs` over `num_stages` stages.
+    """The library's default cuts balanced by compute, and each stage's share of it.
+
+    `tf_spectrain.partition.default_cuts(model, num_stages, cost="macs")`: stages of about
+    equal multiply-accumulates per example, each with weights to train.
 
     Args:
         model: a functional `keras.Model`.
         num_stages: an int >= 1.
 
     Returns:
-        `(cuts, shares)`: the cut layer names, and each stage's share of the total cost.
+        `(cuts, shares)`: the cut layer names, and each stage's share of the total
+        compute (`tf_spectrain.partition.layer_costs(model, "macs")`).
 
     Raises:
-        ValueError: if the model has too few cut candidates (see `cut_candidates`).
+        ValueError: if the model has too few cut candidates.
     """
-    from tf_spectrain.partition import plan_cuts
+    from tf_spectrain import partition
 
-    names, costs, _ = layer_costs(model)
-    positions = plan_cuts(costs, num_stages, cut_candidates(model))
-    bounds = [-1] + positions + [len(costs) - 1]
-    total = float(sum(costs))
-    shares = [sum(costs[a + 1 : b + 1]) / total for a, b in zip(bounds, bounds[1:])]
-    return [names[p] for p in positions], shares
+    cuts = partition.default_cuts(model, num_stages, cost="macs")
+    costs = partition.layer_costs(model, "macs")
+    names = list(costs)
+    ends = [names.index(c) for c in cuts] + [len(names) - 1]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    total = float(sum(costs.values()))
+    values = list(costs.values())
+    shares = [sum(values[a : b + 1]) / total for a, b in zip(starts, ends, strict=True)]
+    return cuts, shares
 
 
 # --- training runs -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ OUT="${1:-gpu-results-$(hostname)-$(date +%Y%m%d-%H%M).md}"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "gpu.sh: nvidia-smi not found: this script is for a machine with NVIDIA GPUs." >&2
-    echo "On a CPU-only machine use: python benchmarks/throughput.py --quick" >&2
+    echo "On a CPU-only machine use: python -m benchmarks.throughput --quick" >&2
     exit 2
 fi
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
@@ -51,7 +51,7 @@ EOF
 # GPU: an estimated 20-30 s each), so that with the cost-model check (3-4 minutes) the whole
 # script stays under 8 minutes. For a median of several rounds run throughput.py with
 # --repeats 2 or more.
-python benchmarks/throughput.py --stages 4 --batch-size 128 --steps 24 --skip 4 --repeats 1 \
+python -m benchmarks.throughput --stages 4 --batch-size 128 --steps 24 --skip 4 --repeats 1 \
     --configs single,dp,sync,stash,spectrain-consistent,spectrain-paper,vanilla \
     --out "$OUT.throughput"
 cat "$OUT.throughput" >> "$OUT" && rm -f "$OUT.throughput"
@@ -61,7 +61,7 @@ cat "$OUT.throughput" >> "$OUT" && rm -f "$OUT.throughput"
     echo "## Cost model validation and predicted speed-ups"
     echo
 } >> "$OUT"
-python benchmarks/speedup.py --quick --out "$OUT.costmodel"
+python -m benchmarks.speedup --quick --out "$OUT.costmodel"
 cat "$OUT.costmodel" >> "$OUT" && rm -f "$OUT.costmodel"
 
 echo "gpu.sh: tables written to $OUT"

@@ -1,8 +1,8 @@
 """Prediction quality: how close SpecTrain's predicted weights come to the weights aimed at.
 
-    python benchmarks/prediction.py --quick        # a few minutes: VGG, N=4, lr 0.01
-    python benchmarks/prediction.py                # VGG, N=4 and 8, lr 0.01 and 0.03
-    python benchmarks/prediction.py --help
+    python -m benchmarks.prediction --quick        # a few minutes: VGG, N=4, lr 0.01
+    python -m benchmarks.prediction                # VGG, N=4 and 8, lr 0.01 and 0.03
+    python -m benchmarks.prediction --help
 
 Each configuration trains on digits with `tf_spectrain.callbacks.Telemetry` measuring, on
 every `--every`-th mini-batch and every stage, the distance between the weights a pass used
@@ -31,8 +31,7 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from benchmarks import common
 
 CONFIGS = ("spectrain-paper", "spectrain-consistent", "vanilla", "stash")
 SETTINGS = {
@@ -43,6 +42,7 @@ SETTINGS = {
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
+        prog="python -m benchmarks.prediction",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="the few-minute setting")
@@ -277,7 +277,7 @@ def plot_distances(runs, path):
 
 def report(runs, args):
     """The markdown of the three tables, with the command."""
-    command = " ".join(["python", "benchmarks/prediction.py"] + sys.argv[1:])
+    command = " ".join(["python", "-m", "benchmarks.prediction"] + sys.argv[1:])
     return "\n".join([
         f"`{command}`: digits, batch {args.batch_size}, {args.epochs} epochs, momentum 0.9, "
         f"seed {args.seed}; measured on mini-batches 0, {args.every}, {2 * args.every}, ... "

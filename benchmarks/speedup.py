@@ -1,8 +1,8 @@
 """Predicted speedup of the SpecTrain pipeline over data parallelism on 4 GPUs, and a check
 of the cost model against what this machine can measure.
 
-    python benchmarks/speedup.py --quick                    # a smoke run of a few minutes
-    python benchmarks/speedup.py --out docs/speedup.md      # the full setting
+    python -m benchmarks.speedup --quick                    # a smoke run of a few minutes
+    python -m benchmarks.speedup --out docs/speedup.md      # the full setting
 
 1. Profiles VGG16 and ResNet-50 (32x32x3 inputs, 10 classes, from the zoo) and a
    transformer-sized text classifier (6 encoder layers, d_model 512, 8 heads, feed-forward
@@ -30,8 +30,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from benchmarks import common
 
 PAPER_SPEEDUP = 8.91
 # A 2017-2018 GPU (P100 / GTX 1080 Ti class) runs float32 matrix products at about 10 TFLOP/s.
@@ -228,10 +227,12 @@ def child_train(args):
 
 def run_child(kind, **flags):
     """Runs this script as a child measurement and returns its JSON result."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind]
+    args = ["--child", kind]
     for key, value in flags.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    cmd, env = common.child_command(
+        "benchmarks.speedup", args, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"child {kind} {flags} failed:\n{out.stderr[-3000:]}")
@@ -458,7 +459,9 @@ def with_backward_ratio(profile, ratio):
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.speedup", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--quick", action="store_true",
                    help="batch 8, 3 repeats, one short validation round (single and stash)")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
@@ -511,7 +514,7 @@ def main():
         profiles[name] = (profile, result["cpu_flops"], result["device"])
         log(f"profiled {name} on {result['device']}: {profile}, "
             f"{result['cpu_flops'] / 1e9:.0f} GFLOP/s")
-    command = " ".join(["python", "benchmarks/speedup.py"] + sys.argv[1:])
+    command = " ".join(["python", "-m", "benchmarks.speedup"] + sys.argv[1:])
     text = [
         f"`{command}`",
         "",

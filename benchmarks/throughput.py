@@ -1,9 +1,9 @@
 """Throughput of every pipeline mode against single-device `model.fit`, measured side by side.
 
-    python benchmarks/throughput.py                      # VGG16, batch 128, 4 stages
-    python benchmarks/throughput.py --stages 2,4         # one table per pipeline depth
-    python benchmarks/throughput.py --quick              # a small CNN, for a smoke run
-    python benchmarks/throughput.py --out docs/THROUGHPUT.md
+    python -m benchmarks.throughput                      # VGG16, batch 128, 4 stages
+    python -m benchmarks.throughput --stages 2,4         # one table per pipeline depth
+    python -m benchmarks.throughput --quick              # a small CNN, for a smoke run
+    python -m benchmarks.throughput --out docs/THROUGHPUT.md
 
 Besides images/s, each pipeline run reports every stage's utilisation over the timed epoch
 (time in its passes / the epoch's wall time), the measured bubble (1 - mean utilisation),
@@ -32,8 +32,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from benchmarks import common
 
 CONFIGS = {
     "single": dict(mode="single"),
@@ -133,18 +132,18 @@ def _peak_rss_mb():
 
 def measure(name, args, stages):
     config = CONFIGS[name]
-    cmd = [
-        sys.executable, os.path.abspath(__file__), "--child",
-        "--model", args.model, "--mode", config["mode"],
+    flags = [
+        "--child", "--model", args.model, "--mode", config["mode"],
         "--target", config.get("target", "paper"),
         "--stages", str(stages), "--batch-size", str(args.batch_size),
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--skip", str(args.skip),
     ]
     if config.get("telemetry"):
-        cmd.append("--telemetry")
+        flags.append("--telemetry")
     if args.pipeline_intra_op and config["mode"] not in common.BASELINES:
-        cmd += ["--intra-op", str(args.pipeline_intra_op)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        flags += ["--intra-op", str(args.pipeline_intra_op)]
+    cmd, env = common.child_command("benchmarks.throughput", flags)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -196,7 +195,9 @@ def table(results, args, seconds):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--model", default="vgg16")
     p.add_argument(
         "--stages", default="4", help="pipeline depth(s), e.g. 4 or 2,4 (dp uses as many devices)"

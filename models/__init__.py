@@ -6,8 +6,13 @@
     model = models.get_model("vgg16", input_shape=(32, 32, 3), num_classes=10)
 
 Every model outputs logits (no softmax) and is named after its registry name.
+`vgg16_narrow(input_shape, num_classes, divisor=8)`, VGG16 with every width divided, is
+a builder outside the registry (and the command line's `--model` list).
+
+Inside this folder imports are relative: it is installed as `tf_spectrain.models`.
 """
 
 from .registry import get_model, model_names
+from .vgg import vgg16_narrow
 
-__all__ = ["get_model", "model_names"]
+__all__ = ["get_model", "model_names", "vgg16_narrow"]

@@ -8,7 +8,7 @@ main-path activation.
 import keras
 from keras import layers
 
-from tf_spectrain.models.common import batch_norm
+from .common import batch_norm
 
 # Filters of the three stages of a CIFAR ResNet.
 CIFAR_STAGE_FILTERS = (16, 32, 64)

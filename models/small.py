@@ -8,7 +8,7 @@ import numbers
 import keras
 from keras import layers
 
-from tf_spectrain.models.common import batch_norm
+from .common import batch_norm
 
 
 def _check_positive_int(value, arg, model):

@@ -29,16 +29,18 @@ def dense_params(n_in, n_out):
     return n_in * n_out + n_out
 
 
-def expected_vgg16_params(height, width, channels, num_classes):
+def expected_vgg16_params(height, width, channels, num_classes, divisor=1):
     blocks = [[64, 64], [128, 128], [256, 256, 256], [512, 512, 512], [512, 512, 512]]
     total, c_in = 0, channels
     for filters in blocks:
         for c_out in filters:
+            c_out = max(1, c_out // divisor)
             total += conv_params(3, c_in, c_out) + bn_params(c_out)
             c_in = c_out
         height, width = height // 2, width // 2
     flat = height * width * c_in
-    return total + dense_params(flat, 512) + dense_params(512, 512) + dense_params(512, num_classes)
+    fc = max(1, 512 // divisor)
+    return total + dense_params(flat, fc) + dense_params(fc, fc) + dense_params(fc, num_classes)
 
 
 def expected_cifar_resnet_params(channels, num_classes, n):
@@ -225,6 +227,34 @@ def test_vgg16_params_shape_and_logits(vgg16):
     assert_logits_head(vgg16, 10)
     assert forward(vgg16, (32, 32, 3)).shape == (BATCH, 10)
     assert main_path_depth(vgg16) == 16
+
+
+@pytest.mark.parametrize("divisor", [8, 1, 1000])
+def test_vgg16_narrow_is_vgg16_with_divided_widths(vgg16, divisor):
+    narrow = models.vgg16_narrow((32, 32, 3), 10, divisor=divisor)
+    assert narrow.name == f"vgg16_div{divisor}"
+    assert [layer.name for layer in narrow.layers] == [layer.name for layer in vgg16.layers]
+    assert narrow.count_params() == expected_vgg16_params(32, 32, 3, 10, divisor)
+    assert_logits_head(narrow, 10)
+    assert forward(narrow, (32, 32, 3)).shape == (BATCH, 10)
+    assert "vgg16_narrow" not in models.model_names()  # a builder outside the registry
+
+
+def test_vgg16_narrow_default_is_a_quarter_million_weights():
+    assert 0.23e6 < models.vgg16_narrow((32, 32, 3), 10).count_params() < 0.25e6
+
+
+@pytest.mark.parametrize(
+    "divisor, error, match",
+    [
+        (0, ValueError, r"`divisor` must be an integer >= 1\. Received: divisor=0$"),
+        (2.0, TypeError, r"Received: divisor=2\.0 of type float"),
+        (True, TypeError, r"Received: divisor=True of type bool"),
+    ],
+)
+def test_vgg16_narrow_checks_its_divisor(divisor, error, match):
+    with pytest.raises(error, match=match):
+        models.vgg16_narrow((32, 32, 3), 10, divisor=divisor)
 
 
 # ---------------------------------------------------------------- CIFAR ResNets

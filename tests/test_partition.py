@@ -11,6 +11,7 @@ from tf_spectrain.partition import (
     copy_weights,
     default_cuts,
     describe_stages,
+    layer_costs,
     place_stages,
     split_model,
 )
@@ -348,6 +349,62 @@ def test_default_cuts_too_few_cut_points():
 def test_default_cuts_bad_num_stages(num_stages, error, match):
     with pytest.raises(error, match=match):
         default_cuts(_vgg_sequential(), num_stages)
+
+
+# -------------------------------------------------------------- cost="macs"
+
+
+def _macs_cuts_by_enumeration(model, num_stages):
+    """For a chain: least max stage MACs, then sum of squares, then latest cuts, over the
+    cuts where every stage has weights and every stage but the first starts with a layer
+    with weights (a weightless layer, such as a pooling, stays with the stage before)."""
+    names = _op_names(model)
+    macs = layer_costs(model, "macs")
+    costs = [macs[n] for n in names]
+    weighted = [model.get_layer(n).count_params() > 0 for n in names]
+    best = None
+    for cuts in itertools.combinations(range(len(names) - 1), num_stages - 1):
+        bounds = [-1, *cuts, len(names) - 1]
+        if not all(any(weighted[a + 1 : b + 1]) for a, b in itertools.pairwise(bounds)):
+            continue
+        if not all(weighted[p + 1] for p in cuts):
+            continue
+        stage = [sum(costs[a + 1 : b + 1]) for a, b in itertools.pairwise(bounds)]
+        key = (max(stage), sum(c * c for c in stage), [-p for p in cuts])
+        if best is None or key < best[0]:
+            best = (key, [names[p] for p in cuts])
+    return best[1]
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("build", [_vgg_sequential, _cnn_functional])
+def test_default_cuts_by_compute_balance_macs_with_weights_in_every_stage(build, num_stages):
+    model = build()
+    cuts = default_cuts(model, num_stages, cost="macs")
+    assert cuts == _macs_cuts_by_enumeration(model, num_stages)
+    for stage in split_model(model, cuts):
+        assert stage.count_params() > 0
+
+
+def test_default_cuts_by_compute_differ_from_params_and_keep_pooling_before_the_cut():
+    model = _vgg_sequential()
+    # Parameters 112, 296 | 528, 51 (the dense fc holds the most); MACs per example
+    # 6,912 + 64 (block1_conv, block1_pool) | 4,608 + 32 + 32 + 512 + 48 (the rest).
+    assert default_cuts(model, 2) == ["flatten"]
+    assert default_cuts(model, 2, cost="macs") == ["block1_pool"]
+
+
+def test_default_cuts_by_compute_too_few_weighted_candidates():
+    # Only conv1..predictions carry weights: 4 weighted layers allow at most 4 stages.
+    with pytest.raises(ValueError, match=r"layers with weights on both sides: \["):
+        default_cuts(_cnn_functional(), 5, cost="macs")
+
+
+@pytest.mark.parametrize("cost", ["flops", None, "MACS"])
+def test_default_cuts_unknown_cost_is_named(cost):
+    with pytest.raises(ValueError, match=r"`cost` must be one of \['params', 'macs'\]\. "
+                                         rf"Received: cost={cost!r}"):
+        default_cuts(_vgg_sequential(), 2, cost=cost)
 
 
 # -------------------------------------------------------------------------- errors

@@ -1,389 +1,77 @@
-"""Tests for `tf_spectrain.schedule`: instruction lists, weight versions, clock tables.
+"""Tests for the `tf_spectrain.schedule` package as a whole: pure Python, every name exported.
 
-Expected values are written out by hand (from SPECTRAIN.md) or computed by small, differently
-written re-implementations below; none is taken from the module under test.
+The instruction lists and versions are tested in test_instructions.py, the clock tables in
+test_clock.py.
 """
 
 import ast
-import dataclasses
-import re
 from pathlib import Path
 
-import pytest
-
 from tf_spectrain import schedule
-from tf_spectrain.schedule import Op
 
-_LETTER_KINDS = {"F": "forward", "B": "backward", "U": "update"}
-
-
-def ops_of(text):
-    """Parses `"F0 B0 U0 F1.2"` into Ops (test helper, independent of `Op.label`)."""
-    ops = []
-    for token in text.split():
-        match = re.fullmatch(r"([FBU])(\d+)(?:\.(\d+))?", token)
-        ops.append(Op(_LETTER_KINDS[match[1]], int(match[2]), int(match[3] or 0)))
-    return ops
+# What `tf_spectrain.schedule` exported as a single module: the runtime, the cost model,
+# the callbacks and the tests use these names.
+PUBLIC = [
+    "BACKWARD", "FORWARD", "KINDS", "TARGETS", "UPDATE", "Op", "async_ops",
+    "backward_version", "bubble_fraction", "clock_table", "forward_version", "format_table",
+    "max_stashed", "sync_ops", "version_gaps", "versions_seen", "warmup_forwards",
+]
 
 
-def reference_async(k, n, t):
-    """Async order written as "keep w_k mini-batches in flight", not as the spec's loop."""
-    window = min(n - k, t)
-    ops, next_forward, backwards_done = [], 0, 0
-    while backwards_done < t:
-        # Issue forwards while fewer than `window` mini-batches are in flight.
-        while next_forward < t and next_forward - backwards_done < window:
-            ops.append(Op("forward", next_forward))
-            next_forward += 1
-        ops += [Op("backward", backwards_done), Op("update", backwards_done)]
-        backwards_done += 1
-    return ops
+PACKAGE = Path(schedule.__file__).parent
+LIBRARY = PACKAGE.parent  # the tf_spectrain folder
 
 
-def in_flight_peak(ops):
-    """Largest number of mini-batches forwarded but not yet backwarded."""
-    live, peak = set(), 0
-    for op in ops:
-        if op.kind == "forward":
-            live.add(op.batch)
-        elif op.kind == "backward":
-            live.remove(op.batch)
-        peak = max(peak, len(live))
-    return peak
-
-
-def paper_gaps(k, n):
-    """SpecTrain's gaps, counted instead of using floor division."""
-    half = sum(1 for j in range(1, k + 1) if j % 2 == 0)
-    return half + (n - 1 - k), half
-
-
-def check_clock_rules(op_lists, table):
-    """Checks a clock table independently: order, dependencies and no needless idling."""
-    n = len(op_lists)
-    where = {}  # (stage, kind, batch, micro) -> column
-    for k, row in enumerate(table):
-        ran = [op for op in row if op is not None]
-        assert ran == [op for op in op_lists[k] if op.kind != "update"]
-        for col, op in enumerate(row):
-            if op is not None:
-                where[(k, op.kind, op.batch, op.micro)] = col
-
-    def needs(k, op):
-        if op.kind == "forward":
-            return (k - 1, "forward", op.batch, op.micro) if k else None
-        neighbour = k + 1 if k < n - 1 else k
-        kind = "backward" if k < n - 1 else "forward"
-        return (neighbour, kind, op.batch, op.micro)
-
-    for k, row in enumerate(table):
-        pending = [op for op in op_lists[k] if op.kind != "update"]
-        for col, op in enumerate(row):
-            nxt = pending[0] if pending else None
-            if nxt is None:
-                assert op is None
-                continue
-            dep = needs(k, nxt)
-            ready = dep is None or where.get(dep, col) < col
-            assert (op is not None) == ready, (k, col, nxt)
-            if op is not None:
-                pending.pop(0)
-
-
-# --- purity ------------------------------------------------------------------------------
-
-
-def test_module_imports_no_tensorflow_keras_or_numpy():
-    tree = ast.parse(Path(schedule.__file__).read_text())
-    imported = set()
-    for node in ast.walk(tree):
+def _imports(path):
+    """The modules a source file imports, as absolute names (relative imports resolved)."""
+    package = ["tf_spectrain", *path.parent.relative_to(LIBRARY).parts]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported and not imported & {"tensorflow", "keras", "numpy", "tf_spectrain"}
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + [base]).strip(".")
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
+    return names
 
 
-# --- Op ----------------------------------------------------------------------------------
+def _source(module):
+    """The file of a `tf_spectrain` module or package, or None for other names."""
+    parts = module.split(".")[1:]
+    for path in (LIBRARY.joinpath(*parts).with_suffix(".py"),
+                 LIBRARY.joinpath(*parts, "__init__.py")):
+        if parts and path.is_file():
+            return path
+    return None
 
 
-@pytest.mark.parametrize(
-    "op, show_micro, text",
-    [
-        (Op("forward", 3), None, "F3"),
-        (Op("backward", 3), None, "B3"),
-        (Op("update", 3), None, "U3"),
-        (Op("forward", 3, 1), None, "F3.1"),
-        (Op("backward", 12, 4), None, "B12.4"),
-        (Op("forward", 3, 0), True, "F3.0"),
-        (Op("forward", 3, 2), False, "F3"),
-    ],
-)
-def test_op_label(op, show_micro, text):
-    assert op.label(show_micro) == text
-    if show_micro is None:
-        assert str(op) == text
+def test_package_imports_no_tensorflow_keras_or_numpy_even_indirectly():
+    """Every module of the package, and every tf_spectrain module they import (the checks,
+    the messages), imports neither TensorFlow nor Keras nor NumPy."""
+    todo = sorted(PACKAGE.glob("*.py"))
+    assert len(todo) >= 3  # __init__, instructions, clock
+    seen, imported = set(), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            imported.add(name.split(".")[0])
+            source = _source(name) if name.startswith("tf_spectrain.") else None
+            if source is not None:
+                todo.append(source)
+    assert {"dataclasses", "tf_spectrain"} <= imported
+    assert not imported & {"tensorflow", "keras", "numpy"}, sorted(seen)
+    assert {p.name for p in seen} >= {"checks.py", "messages.py"}
 
 
-def test_op_is_frozen_and_hashable():
-    op = Op("forward", 1, 2)
-    assert op.key == ("forward", 1, 2)
-    assert {op: 1}[Op("forward", 1, 2)] == 1
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        op.batch = 3
-
-
-# --- asynchronous schedule ---------------------------------------------------------------
-
-ASYNC_BY_HAND = [
-    (1, 3, ["F0 B0 U0 F1 B1 U1 F2 B2 U2"]),
-    (2, 3, ["F0 F1 B0 U0 F2 B1 U1 B2 U2", "F0 B0 U0 F1 B1 U1 F2 B2 U2"]),
-    (
-        3,
-        5,
-        [
-            "F0 F1 F2 B0 U0 F3 B1 U1 F4 B2 U2 B3 U3 B4 U4",
-            "F0 F1 B0 U0 F2 B1 U1 F3 B2 U2 F4 B3 U3 B4 U4",
-            "F0 B0 U0 F1 B1 U1 F2 B2 U2 F3 B3 U3 F4 B4 U4",
-        ],
-    ),
-    (4, 2, ["F0 F1 B0 U0 B1 U1"] * 3 + ["F0 B0 U0 F1 B1 U1"]),
-    (4, 1, ["F0 B0 U0"] * 4),
-]
-
-
-@pytest.mark.parametrize("n, t, texts", ASYNC_BY_HAND)
-def test_async_ops_by_hand(n, t, texts):
-    for k, text in enumerate(texts):
-        assert schedule.async_ops(k, n, t) == ops_of(text)
-
-
-@pytest.mark.parametrize("n", range(1, 9))
-def test_async_ops_match_reference_and_invariants(n):
-    for t in range(1, 11):
-        for k in range(n):
-            ops = schedule.async_ops(k, n, t)
-            assert ops == reference_async(k, n, t)
-            for kind in ("forward", "backward", "update"):
-                assert sorted(op.batch for op in ops if op.kind == kind) == list(range(t))
-            for i in range(t):
-                b = ops.index(Op("backward", i))
-                assert ops.index(Op("forward", i)) < b
-                assert ops[b + 1] == Op("update", i)
-            assert all(op.micro == 0 for op in ops)
-
-
-@pytest.mark.parametrize(
-    "k, n, t, expected", [(0, 1, 5, 1), (0, 4, 10, 4), (1, 4, 10, 3), (3, 4, 10, 1), (0, 4, 2, 2)]
-)
-def test_warmup_forwards(k, n, t, expected):
-    assert schedule.warmup_forwards(k, n, t) == expected
-
-
-@pytest.mark.parametrize("n", range(1, 9))
-def test_max_stashed_matches_op_list(n):
-    for t in range(1, 11):
-        for k in range(n):
-            peak = in_flight_peak(schedule.async_ops(k, n, t))
-            assert schedule.max_stashed(k, n, t) == peak
-
-
-# --- synchronous schedule ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "t, m, text",
-    [
-        (2, 1, "F0 B0 U0 F1 B1 U1"),
-        (1, 2, "F0.0 F0.1 B0.0 B0.1 U0"),
-        (2, 3, "F0.0 F0.1 F0.2 B0.0 B0.1 B0.2 U0 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 U1"),
-    ],
-)
-def test_sync_ops_by_hand(t, m, text):
-    for k in range(3):
-        assert schedule.sync_ops(k, 3, t, micro_batches=m) == ops_of(text)
-
-
-@pytest.mark.parametrize("m", [1, 2, 3])
-def test_sync_ops_see_sequential_versions(m):
-    # Sequential SGD: every pass of mini-batch i sees exactly i updates.
-    for n in range(1, 5):
-        for t in range(1, 5):
-            ops = schedule.sync_ops(n - 1, n, t, micro_batches=m)
-            passes = [(kind, i, j) for kind in ("forward", "backward") for i in range(t)
-                      for j in range(m)]
-            expected = {key: key[1] for key in passes}
-            assert schedule.versions_seen(ops) == expected
-
-
-# --- versions ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", range(1, 9))
-def test_versions_seen_agree_with_closed_forms(n):
-    for t in range(1, 11):
-        for k in range(n):
-            seen = schedule.versions_seen(schedule.async_ops(k, n, t))
-            expected = {}
-            for i in range(t):
-                expected[("forward", i, 0)] = schedule.forward_version(i, k, n)
-                expected[("backward", i, 0)] = schedule.backward_version(i)
-            assert seen == expected
-
-
-def test_versions_seen_on_hand_list():
-    ops = ops_of("F0 F1 B0 U0 F2 B1 U1 U1 B2")
-    assert schedule.versions_seen(ops) == {
-        ("forward", 0, 0): 0,
-        ("forward", 1, 0): 0,
-        ("backward", 0, 0): 0,
-        ("forward", 2, 0): 1,
-        ("backward", 1, 0): 1,
-        ("backward", 2, 0): 3,
-    }
-
-
-@pytest.mark.parametrize(
-    "i, k, n, expected", [(0, 0, 4, 0), (3, 0, 4, 0), (4, 0, 4, 1), (5, 2, 4, 4), (5, 3, 4, 5)]
-)
-def test_forward_version_values(i, k, n, expected):
-    assert schedule.forward_version(i, k, n) == expected
-
-
-@pytest.mark.parametrize("k, gaps", enumerate([(3, 0), (2, 0), (2, 1), (1, 1)]))
-def test_version_gaps_spectrain_md_table(k, gaps):
-    assert schedule.version_gaps(k, 4) == gaps
-
-
-@pytest.mark.parametrize("n", range(1, 9))
-def test_version_gaps_formula(n):
-    for k in range(n):
-        assert schedule.version_gaps(k, n, target="paper") == paper_gaps(k, n)
-        assert schedule.version_gaps(k, n, target="consistent") == (n - 1 - k, None)
-    s_f, s_b = schedule.version_gaps(n - 1, n)
-    assert s_f == s_b
-
-
-# --- clock tables ------------------------------------------------------------------------
-
-# Derived by hand, slot by slot, for N = 3, T = 6.
-N3_T6 = [
-    "stage 0: F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 .  B4 .  B5",
-    "stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 F5 B4 .  B5 .",
-    "stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 .  .",
-]
-# SPECTRAIN.md section 3, without the trailing "...".
-SPEC_PREFIX = [
-    "stage 0: F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3",
-    "stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3",
-    "stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3",
-]
-# GPipe, N = 2, T = 2, M = 2: fill and drain once per mini-batch.
-SYNC_N2_T2_M2 = [
-    "stage 0: F0.0 F0.1 .    .    B0.0 B0.1 F1.0 F1.1 .    .    B1.0 B1.1",
-    "stage 1: .    F0.0 F0.1 B0.0 B0.1 .    .    F1.0 F1.1 B1.0 B1.1 .",
-]
-
-
-def test_clock_table_n3_by_hand():
-    table = schedule.clock_table([schedule.async_ops(k, 3, 6) for k in range(3)])
-    assert schedule.format_table(table).split("\n") == N3_T6
-    cells = [line.split(": ")[1].split() for line in N3_T6]
-    for row, expected in zip(table, cells):
-        assert [str(op) if op else "." for op in row] == expected
-    idle = sum(cell == "." for row in cells for cell in row)
-    assert schedule.bubble_fraction(table) == pytest.approx(idle / (3 * len(cells[0])))
-
-
-def test_clock_table_matches_spectrain_md_example():
-    table = schedule.clock_table([schedule.async_ops(k, 3, 6) for k in range(3)])
-    lines = schedule.format_table(table).split("\n")
-    for line, prefix in zip(lines, SPEC_PREFIX):
-        assert line.startswith(prefix)
-
-
-def test_clock_table_gpipe_by_hand():
-    table = schedule.clock_table([schedule.sync_ops(k, 2, 2, micro_batches=2) for k in range(2)])
-    assert schedule.format_table(table).split("\n") == SYNC_N2_T2_M2
-
-
-@pytest.mark.parametrize("n", range(1, 7))
-def test_clock_table_follows_rules(n):
-    for t in range(1, 7):
-        for lists in (
-            [schedule.async_ops(k, n, t) for k in range(n)],
-            [schedule.sync_ops(k, n, t, micro_batches=2) for k in range(n)],
-        ):
-            check_clock_rules(lists, schedule.clock_table(lists))
-
-
-@pytest.mark.parametrize("n, m", [(1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 4), (4, 3)])
-def test_sync_bubble_is_gpipe_formula(n, m):
-    for t in (1, 2):
-        lists = [schedule.sync_ops(k, n, t, micro_batches=m) for k in range(n)]
-        table = schedule.clock_table(lists)
-        assert len(table[0]) == t * 2 * (n + m - 1)
-        assert schedule.bubble_fraction(table) == pytest.approx((n - 1) / (n + m - 1))
-
-
-def test_format_table_aligns_two_digit_stages():
-    table = schedule.clock_table([schedule.async_ops(k, 11, 1) for k in range(11)])
-    lines = schedule.format_table(table).split("\n")
-    assert lines[0].startswith("stage  0: F0 .")
-    assert lines[10].startswith("stage 10: .  .")
-    assert len(lines) == 11
-
-
-# --- bad input ---------------------------------------------------------------------------
-
-F0, B0 = Op("forward", 0), Op("backward", 0)
-
-BAD_CALLS = [
-    (schedule.warmup_forwards, (3, 3, 1), ValueError, r"0\.\.2.*k=3"),
-    (schedule.warmup_forwards, (-1, 3, 1), ValueError, r"k=-1"),
-    (schedule.warmup_forwards, (0, 0, 1), ValueError, r"num_stages=0"),
-    (schedule.warmup_forwards, (0, 3, 0), ValueError, r"num_batches=0"),
-    (schedule.warmup_forwards, (0, 3, True), ValueError, r"num_batches=True"),
-    (schedule.warmup_forwards, (0, 2.0, 1), ValueError, r"num_stages=2\.0"),
-    (schedule.async_ops, (0, 3, "4"), ValueError, r"num_batches='4'"),
-    (schedule.async_ops, (1.0, 3, 4), ValueError, r"k=1\.0"),
-    (schedule.sync_ops, (0, 2, 2, 0), ValueError, r"micro_batches=0"),
-    (schedule.sync_ops, (2, 2, 2), ValueError, r"k=2"),
-    (schedule.sync_ops, (0, 2, -1), ValueError, r"num_batches=-1"),
-    (schedule.max_stashed, (0, 1, 0), ValueError, r"num_batches=0"),
-    (schedule.max_stashed, (1, 1, 5), ValueError, r"k=1"),
-    (schedule.forward_version, (-1, 0, 2), ValueError, r"i=-1"),
-    (schedule.forward_version, (0, 2, 2), ValueError, r"k=2"),
-    (schedule.forward_version, (0, 0, 0), ValueError, r"num_stages=0"),
-    (schedule.backward_version, (-1,), ValueError, r"i=-1"),
-    (schedule.backward_version, (1.5,), ValueError, r"i=1\.5"),
-    (schedule.version_gaps, (0, 4, "papr"), ValueError, r"paper.*consistent.*target='papr'"),
-    (schedule.version_gaps, (4, 4), ValueError, r"k=4"),
-    (schedule.version_gaps, (0, 0), ValueError, r"num_stages=0"),
-    (Op, ("fwd", 0), ValueError, r"forward.*kind='fwd'"),
-    (Op, ("forward", -1), ValueError, r"batch=-1"),
-    (Op, ("forward", 0, -1), ValueError, r"micro=-1"),
-    (Op, ("forward", True), ValueError, r"batch=True"),
-    (schedule.versions_seen, ([F0, F0],), ValueError, r"F0 repeats"),
-    (schedule.versions_seen, (["F0"],), TypeError, r"'F0'"),
-    (schedule.versions_seen, (None,), TypeError, r"ops=None"),
-    (schedule.clock_table, ([],), ValueError, r"non-empty"),
-    (schedule.clock_table, ("F0",), ValueError, r"op_lists='F0'"),
-    (schedule.clock_table, ([[F0], "F0"],), TypeError, r"op_lists\[1\]"),
-    (schedule.clock_table, ([["F0"]],), TypeError, r"'F0'"),
-    (schedule.clock_table, ([[F0, B0, F0]],), ValueError, r"F0 repeats"),
-    (schedule.clock_table, ([[B0, F0], [F0, B0]],), ValueError, r"deadlock.*stage 0.*B0"),
-    (schedule.clock_table, ([[F0, B0], [Op("forward", 1)]],), ValueError, r"stage 1.*F1"),
-    (schedule.clock_table, ([[B0, F0]],), ValueError, r"deadlock"),
-    (schedule.format_table, ([],), ValueError, r"non-empty"),
-    (schedule.format_table, ([[None], [None, None]],), ValueError, r"same length.*\[1, 2\]"),
-    (schedule.format_table, ([["F0"]],), TypeError, r"'F0'"),
-    (schedule.bubble_fraction, ([[]],), ValueError, r"no slots"),
-    (schedule.bubble_fraction, (None,), ValueError, r"table=None"),
-]
-
-
-@pytest.mark.parametrize("fn, args, error, message", BAD_CALLS)
-def test_bad_input_raises(fn, args, error, message):
-    with pytest.raises(error, match=message):
-        fn(*args)
+def test_every_public_name_is_exported():
+    for name in PUBLIC:
+        assert hasattr(schedule, name), name
+    assert sorted(schedule.__all__) == sorted(PUBLIC)
+    assert schedule.Op is schedule.instructions.Op
+    assert schedule.clock_table is schedule.clock.clock_table

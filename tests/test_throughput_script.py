@@ -1,4 +1,4 @@
-"""`benchmarks/throughput.py`'s table (pure: made-up measurements in, markdown out) and
+"""`benchmarks.throughput`'s table (pure: made-up measurements in, markdown out) and
 `benchmarks/gpu.sh`'s refusal on a machine without NVIDIA GPUs. The measurements themselves
 need minutes of VGG16 and run in benchmarks/, not here."""
 
@@ -8,14 +8,12 @@ import pathlib
 import shutil
 import statistics
 import subprocess
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import throughput
 
-import throughput  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def run(steady, epoch, rss, util=None, devices=None):
@@ -79,4 +77,5 @@ def test_gpu_script_refuses_a_machine_without_nvidia_gpus(tmp_path):
                           env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert "nvidia-smi not found" in proc.stderr
+    assert "python -m benchmarks.throughput --quick" in proc.stderr
     assert not out.exists()  # nothing written, nothing started

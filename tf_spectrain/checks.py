@@ -136,7 +136,10 @@ def check_number(
         )
     if not is_number(value):
         _fail(TypeError, name, value, valid, meaning)
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float: beyond any finite bound
+        number = math.inf if value > 0 else -math.inf
     bad = (
         math.isnan(number)
         or (math.isinf(number) and not allow_inf)
@@ -181,7 +184,7 @@ def check_one_of(name, value, choices, *, ignore_case=False):
     try:
         if value in choices:
             return value
-    except TypeError:  # an unhashable or uncomparable value is simply not a choice
+    except (TypeError, ValueError):  # unhashable, uncomparable or an array: not a choice
         pass
     hint = did_you_mean(value, choices, ignore_case=ignore_case) if isinstance(value, str) else ""
     label = _label(name)

@@ -2,21 +2,25 @@
 
 - `split_model(model, cuts)`: stage sub-models that share the model's layers.
 - `describe_stages(model, cuts)`: a `StageSpec` per stage (layers, crossing shapes).
-- `default_cuts(model, num_stages)`: balanced cut layers; `plan_cuts` is the pure planner.
+- `default_cuts(model, num_stages, cost="params")`: balanced cut layers (parameters or, with
+  `cost="macs"`, compute: see `layer_costs`); `plan_cuts` is the pure planner.
 - `place_stages(stages, devices)`: a copy of each stage on its device;
   `copy_weights(src_models, dst_models)` copies weights back.
 """
 
+from tf_spectrain.partition.costs import COSTS, layer_costs
 from tf_spectrain.partition.cuts import default_cuts
 from tf_spectrain.partition.placement import copy_weights, place_stages
 from tf_spectrain.partition.planner import plan_cuts
 from tf_spectrain.partition.stages import StageSpec, describe_stages, split_model
 
 __all__ = [
+    "COSTS",
     "StageSpec",
     "copy_weights",
     "default_cuts",
     "describe_stages",
+    "layer_costs",
     "place_stages",
     "plan_cuts",
     "split_model",

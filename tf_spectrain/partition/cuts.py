@@ -4,7 +4,9 @@ A cut is the name of a layer that ENDS a stage; `N - 1` cuts make `N` stages. In
 a cut is the layer's position in the model's topological order (see `graph.py`).
 """
 
+from tf_spectrain import checks
 from tf_spectrain.messages import did_you_mean
+from tf_spectrain.partition.costs import COSTS, graph_costs
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.partition.planner import plan_cuts
 
@@ -42,26 +44,33 @@ def resolve_cuts(graph, cuts):
     return positions
 
 
-def default_cuts(model, num_stages):
-    """Picks cut layers that give stages with about equal parameter counts.
+def default_cuts(model, num_stages, cost="params"):
+    """Picks cut layers that give stages of about equal cost.
 
     Candidate cuts are the layers after which exactly one tensor crosses, so VGG-style
     models are cut between layers and ResNets at the outputs of residual blocks. Among
-    those, `plan_cuts` minimises the largest stage's parameter count (then evens out the
-    rest; ties go to later cuts, so weightless layers such as pooling stay with the
-    layer before them).
+    those, `plan_cuts` minimises the largest stage's cost (then evens out the rest; ties
+    go to later cuts, so weightless layers such as pooling stay with the layer before
+    them).
+
+    With `cost="macs"` weightless layers cost something too, so the candidates are thinned
+    first: of consecutive candidates with no layer with weights between them only the last
+    is kept (a cut after the pooling rather than before it), and candidates after which no
+    layer has weights are dropped. Every stage then has weights to train.
 
     Args:
         model: a functional `keras.Model` or a built `keras.Sequential`.
         num_stages: int >= 1, the number of stages.
+        cost: what to balance, one of `COSTS` (see `layer_costs`): `"params"` (the
+            parameter counts, the default) or `"macs"` (the compute per example).
 
     Returns:
         A list of `num_stages - 1` layer names, in model order, for `split_model`.
 
     Raises:
         TypeError: if `model` is not a Keras model or `num_stages` not an int.
-        ValueError: if the model cannot be split (see `read_graph`), or it has fewer
-            candidate cut layers than `num_stages - 1`.
+        ValueError: if `cost` is unknown, the model cannot be split (see `read_graph`),
+            or it has fewer candidate cut layers than `num_stages - 1`.
     """
     if isinstance(num_stages, bool) or not isinstance(num_stages, int):
         raise TypeError(
@@ -70,20 +79,38 @@ def default_cuts(model, num_stages):
         )
     if num_stages < 1:
         raise ValueError(f"`num_stages` must be >= 1. Received: num_stages={num_stages}")
+    checks.check_one_of("cost", cost, COSTS)
     graph = read_graph(model)
     names = graph.names
     last = len(names) - 1
     allowed = [p for p in range(last) if len(graph.crossing(p)) == 1]
+    if cost == "macs":
+        allowed = _with_weights_between(allowed, [c.count_params() > 0 for c in graph.calls])
     if len(allowed) < num_stages - 1:
         candidates = [names[p] for p in allowed]
+        weights = " and layers with weights on both sides" if cost == "macs" else ""
         raise ValueError(
             f"Cannot cut model '{model.name}' into num_stages={num_stages} stages: that "
             f"needs {num_stages - 1} cut layers, but only {len(allowed)} layers have "
-            f"exactly one tensor crossing after them: {candidates}. Use fewer stages or "
-            "pass `cuts` explicitly."
+            f"exactly one tensor crossing after them{weights}: {candidates}. Use fewer "
+            "stages or pass `cuts` explicitly."
         )
-    costs = [call.count_params() for call in graph.calls]
+    costs = graph_costs(graph, cost)
     return [names[p] for p in plan_cuts(costs, num_stages, allowed)]
+
+
+def _with_weights_between(allowed, weighted):
+    """The candidates of `allowed` that leave weights on both sides of every cut."""
+    kept = []
+    for p in allowed:
+        start = kept[-1] + 1 if kept else 0
+        if kept and not any(weighted[start : p + 1]):
+            kept[-1] = p  # nothing to train between the two: cut at the later one
+        elif any(weighted[start : p + 1]):
+            kept.append(p)
+    while kept and not any(weighted[kept[-1] + 1 :]):
+        kept.pop()
+    return kept
 
 
 def _check_types(cuts):

@@ -1,24 +1,14 @@
-"""Pipeline schedules as data: per-stage instruction lists and the weight versions they imply.
+"""A stage's instructions: `Op`, the asynchronous and synchronous lists, weight versions.
 
-This module is pure Python (no TensorFlow): it says *what* each stage does and in which
-order, never *how*. The pipeline runtime walks these lists; tests and benchmarks inspect
-them. See SPECTRAIN.md, sections 3 and 4.
-
-Each stage `k` of an `N`-stage pipeline runs a list of `Op`s over the `T` mini-batches of
-an epoch. In the asynchronous schedule (one forward, one backward) stage k first runs
-`w_k = min(N - k, T)` warm-up forwards, then alternates backward and forward; `U(i)`, the
-stage's weight update, follows each `B(i)`. For N = 3 in lock-step slots (`clock_table`):
-
-    stage 0: F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 ...
-    stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 ...
-    stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 ...
-
-The synchronous schedule (sequential SGD, or GPipe with micro-batches) runs all forwards of
-a mini-batch, then all its backwards, then one update, so the pipeline fills and drains
-once per mini-batch.
+`async_ops` and `sync_ops` give the `Op` list one stage runs over an epoch;
+`forward_version`, `backward_version` and `versions_seen` count the updates a pass sees,
+and `version_gaps` says how far ahead SpecTrain predicts. Pure Python, like the whole
+`tf_spectrain.schedule` package.
 """
 
 import dataclasses
+
+from tf_spectrain import checks
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -37,26 +27,16 @@ _MEANINGS = {
 # --- validation ---------------------------------------------------------------------------
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_count(name, value):
-    if not _is_int(value) or value < 1:
-        raise ValueError(
-            f"`{name}` must be an integer >= 1 ({_MEANINGS[name]}). "
-            f"Received: {name}={value!r}"
-        )
-
-
-def _check_index(name, value):
-    if not _is_int(value) or value < 0:
-        raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={value!r}")
+    """`value` is an int >= 1 (`name` is one of `_MEANINGS`)."""
+    checks.check_int(name, value, 1, meaning=_MEANINGS[name])
 
 
 def _check_stage(k, num_stages):
+    """`num_stages` is an int >= 1 and `k` a stage index below it."""
     _check_count("num_stages", num_stages)
-    if not _is_int(k) or not 0 <= k < num_stages:
+    checks.check_int("k", k)
+    if not 0 <= k < num_stages:
         raise ValueError(
             f"`k` must be a stage index in 0..{num_stages - 1} for "
             f"num_stages={num_stages}. Received: k={k!r}"
@@ -79,7 +59,8 @@ class Op:
             The schedules give updates `micro=0`: an update applies the whole mini-batch.
 
     Raises:
-        ValueError: if `kind` is not one of the three kinds or an index is not an int >= 0.
+        TypeError: if an index is not an int.
+        ValueError: if `kind` is not one of the three kinds or an index is negative.
     """
 
     kind: str
@@ -87,10 +68,9 @@ class Op:
     micro: int = 0
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"`kind` must be one of {KINDS}. Received: kind={self.kind!r}")
-        _check_index("batch", self.batch)
-        _check_index("micro", self.micro)
+        checks.check_one_of("kind", self.kind, KINDS)
+        checks.check_int("batch", self.batch, 0)
+        checks.check_int("micro", self.micro, 0)
 
     @property
     def key(self):
@@ -131,6 +111,7 @@ def warmup_forwards(k, num_stages, num_batches):
         The number of warm-up forwards, an int in `1..T`.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
     _check_stage(k, num_stages)
@@ -154,6 +135,7 @@ def async_ops(k, num_stages, num_batches):
         A list of `3 * T` `Op`s.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
     warmup = warmup_forwards(k, num_stages, num_batches)
@@ -182,6 +164,7 @@ def sync_ops(k, num_stages, num_batches, micro_batches=1):
         A list of `T * (2 * M + 1)` `Op`s.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
     _check_stage(k, num_stages)
@@ -210,6 +193,7 @@ def max_stashed(k, num_stages, num_batches):
         The maximum number of mini-batches in flight, `min(N - k, T)`.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
     return warmup_forwards(k, num_stages, num_batches)
@@ -230,9 +214,10 @@ def forward_version(i, k, num_stages):
         `max(0, i - (N - 1 - k))`.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
-    _check_index("i", i)
+    checks.check_int("i", i, 0)
     _check_stage(k, num_stages)
     return max(0, i - (num_stages - 1 - k))
 
@@ -247,10 +232,10 @@ def backward_version(i):
         `i`.
 
     Raises:
-        ValueError: if `i` is not an int >= 0.
+        TypeError: if `i` is not an int.
+        ValueError: if `i` is negative.
     """
-    _check_index("i", i)
-    return i
+    return checks.check_int("i", i, 0)
 
 
 def versions_seen(ops):
@@ -306,169 +291,12 @@ def version_gaps(k, num_stages, target="paper"):
         A tuple `(s_f, s_b)` of ints, with `s_b = None` for `"consistent"`.
 
     Raises:
+        TypeError: if `k` or `num_stages` is not an int.
         ValueError: if an argument is out of range or `target` is unknown.
     """
     _check_stage(k, num_stages)
-    if target not in TARGETS:
-        raise ValueError(f"`target` must be one of {TARGETS}. Received: target={target!r}")
+    checks.check_one_of("target", target, TARGETS)
     ahead = num_stages - 1 - k
     if target == "consistent":
         return ahead, None
     return k // 2 + ahead, k // 2
-
-
-# --- lock-step simulation -----------------------------------------------------------------
-
-
-def _check_op_lists(op_lists):
-    if not isinstance(op_lists, (list, tuple)) or not op_lists:
-        raise ValueError(
-            "`op_lists` must be a non-empty list with one list of `Op` per stage. "
-            f"Received: op_lists={op_lists!r}"
-        )
-    for k, ops in enumerate(op_lists):
-        if not isinstance(ops, (list, tuple)):
-            raise TypeError(
-                f"`op_lists[{k}]` must be a list of `Op`. Received: {type(ops).__name__}"
-            )
-        versions_seen(ops)  # raises on non-Op elements and repeated ops
-    return [[op for op in ops if op.kind != UPDATE] for ops in op_lists]
-
-
-def _dependency(op, k, num_stages):
-    """Returns `(stage, key)` of the op that must finish before `op` runs on stage k."""
-    if op.kind == FORWARD:
-        return (k - 1, op.key) if k > 0 else None
-    if k < num_stages - 1:
-        return (k + 1, op.key)
-    return (k, (FORWARD, op.batch, op.micro))
-
-
-def _ready(op, k, finished, slot):
-    """Whether `op`'s dependency on stage k finished in a slot before `slot`."""
-    dependency = _dependency(op, k, len(finished))
-    if dependency is None:
-        return True
-    stage, key = dependency
-    return key in finished[stage] and finished[stage][key] < slot
-
-
-def clock_table(op_lists):
-    """Simulates lock-step execution of per-stage op lists, one op per stage per slot.
-
-    In each slot every stage runs its next op if that op's dependency finished in an
-    earlier slot: `F(i, j)` on stage k > 0 needs `F(i, j)` of stage k-1; `B(i, j)` on stage
-    k < N-1 needs `B(i, j)` of stage k+1, and on the last stage its own `F(i, j)`. Update
-    ops take no slot: they belong to the backward before them and are left out.
-
-    Args:
-        op_lists: one sequence of `Op` per stage, stage 0 first (e.g. from `async_ops`).
-
-    Returns:
-        A table as a list of rows, one per stage, each a list with one entry per slot:
-        the `Op` the stage runs in that slot, or None when it is idle.
-
-    Raises:
-        TypeError: if `op_lists` holds something other than lists of `Op`.
-        ValueError: if `op_lists` is empty, a stage repeats an op, or the lists deadlock
-            (some op waits for an op that never runs first).
-    """
-    lists = _check_op_lists(op_lists)
-    num_stages = len(lists)
-    finished = [{} for _ in lists]  # per stage: op key -> slot it ran in
-    position = [0] * num_stages
-    table = [[] for _ in lists]
-    slot = 0
-    while any(position[k] < len(lists[k]) for k in range(num_stages)):
-        ran = False
-        for k, ops in enumerate(lists):
-            op = ops[position[k]] if position[k] < len(ops) else None
-            if op is not None and not _ready(op, k, finished, slot):
-                op = None
-            table[k].append(op)
-            if op is not None:
-                finished[k][op.key] = slot
-                position[k] += 1
-                ran = True
-        if not ran:
-            raise ValueError(_deadlock_message(lists, position))
-        slot += 1
-    return table
-
-
-def _deadlock_message(lists, position):
-    waiting = [
-        f"stage {k} cannot run {ops[position[k]]}"
-        for k, ops in enumerate(lists)
-        if position[k] < len(ops)
-    ]
-    return (
-        "`op_lists` deadlock: no stage can run its next op, because each one waits for an "
-        f"op that never runs before it ({'; '.join(waiting)}). Check that every stage's "
-        "list comes from the same schedule with the same num_stages and num_batches."
-    )
-
-
-def _check_table(table):
-    if not isinstance(table, (list, tuple)) or not table:
-        raise ValueError(
-            f"`table` must be a non-empty list of rows, as returned by `clock_table`. "
-            f"Received: table={table!r}"
-        )
-    lengths = {len(row) for row in table}
-    if len(lengths) != 1:
-        raise ValueError(
-            f"All rows of `table` must have the same length. Received lengths: "
-            f"{[len(row) for row in table]}"
-        )
-    for row in table:
-        for cell in row:
-            if cell is not None and not isinstance(cell, Op):
-                raise TypeError(f"`table` cells must be `Op` or None. Received: {cell!r}")
-
-
-def format_table(table):
-    """Draws a clock table as text, one line per stage, `.` for an idle slot.
-
-    Micro-batch indices are shown (`F0.1`) for every op when any op has `micro > 0`.
-
-    Args:
-        table: a table from `clock_table`.
-
-    Returns:
-        A string such as `"stage 0: F0 F1 .  B0\\nstage 1: .  F0 B0 ."` (no trailing
-        spaces).
-
-    Raises:
-        TypeError, ValueError: if `table` is not a valid clock table.
-    """
-    _check_table(table)
-    show_micro = any(op is not None and op.micro > 0 for row in table for op in row)
-    cells = [[op.label(show_micro) if op else "." for op in row] for row in table]
-    width = max((len(cell) for row in cells for cell in row), default=1)
-    name_width = len(str(len(table) - 1))
-    lines = []
-    for k, row in enumerate(cells):
-        text = " ".join(cell.ljust(width) for cell in row)
-        lines.append(f"stage {k:>{name_width}}: {text}".rstrip())
-    return "\n".join(lines)
-
-
-def bubble_fraction(table):
-    """Returns the fraction of idle slots in a clock table (the pipeline "bubble").
-
-    Args:
-        table: a table from `clock_table`.
-
-    Returns:
-        `idle slots / (stages * slots)`, a float in `[0, 1]`.
-
-    Raises:
-        TypeError, ValueError: if `table` is not a valid clock table or has no slots.
-    """
-    _check_table(table)
-    total = len(table) * len(table[0])
-    if total == 0:
-        raise ValueError("`table` has no slots, so it has no bubble fraction.")
-    idle = sum(cell is None for row in table for cell in row)
-    return idle / total

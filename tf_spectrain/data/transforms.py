@@ -1,0 +1,136 @@
+"""What happens to the images: the digits set resized in NumPy, and the TensorFlow ops that
+bring every image to float32 32x32 RGB in [0, 1], augment it and normalise it.
+
+The loaders (`loaders.py`) chain these ops into `tf.data` pipelines.
+"""
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from tf_spectrain.data.catalog import DIGITS_TEST_SIZE, FLIP_INVARIANT, IMAGE_SIZE, KNOWN_STATS
+
+_PAD = 4  # pixels of padding before the random crop
+_DIGITS_SPLIT_SEED = 20180907  # fixed: the digits test set never changes
+# Augmentation draws from seeds in [2**62, 2**63), shuffling from [0, 2**62): never equal.
+_AUGMENT_SEED_OFFSET = 2**62
+
+
+# ---------------------------------------------------------------------------------------
+# digits: scikit-learn's bundled 8x8 images, resized in NumPy.
+
+
+def _bilinear_matrix(size_in, size_out):
+    """`[size_out, size_in]` bilinear interpolation weights with half-pixel centres.
+
+    The same sampling as `tf.image.resize(..., method="bilinear")` without antialiasing.
+    """
+    centres = (np.arange(size_out) + 0.5) * (size_in / size_out) - 0.5
+    centres = np.clip(centres, 0, size_in - 1)
+    low = np.floor(centres).astype(int)
+    high = np.minimum(low + 1, size_in - 1)
+    frac = centres - low
+    weights = np.zeros((size_out, size_in))
+    rows = np.arange(size_out)
+    np.add.at(weights, (rows, low), 1 - frac)
+    np.add.at(weights, (rows, high), frac)
+    return weights
+
+
+def _resize_to_rgb32(images):
+    """`[N, H, W]` grey images in [0, 1] -> float32 `[N, 32, 32, 3]`, bilinear."""
+    rows = _bilinear_matrix(images.shape[1], IMAGE_SIZE)
+    cols = _bilinear_matrix(images.shape[2], IMAGE_SIZE)
+    resized = np.einsum("ah,nhw,bw->nab", rows, images, cols)
+    return np.repeat(resized[..., None], 3, axis=-1).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def digits_arrays():
+    """The digits splits in [0, 1] and their training statistics (cached, read-only).
+
+    scikit-learn's 8x8 digits, resized to 32x32 RGB, with a fixed 80/20 stratified split.
+
+    Returns:
+        `(arrays, (mean, std))`: `arrays` maps `"train"` and `"test"` to read-only
+        `(images, labels)` (float32 `[N, 32, 32, 3]`, int32 `[N]`); `mean` and `std` are
+        the per-channel statistics of the training images.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = _resize_to_rgb32(bunch.images / 16.0)
+    labels = bunch.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images,
+        labels,
+        test_size=DIGITS_TEST_SIZE,
+        stratify=labels,
+        random_state=_DIGITS_SPLIT_SEED,
+    )
+    mean = x_train.mean(axis=(0, 1, 2), dtype=np.float64)
+    std = x_train.std(axis=(0, 1, 2), dtype=np.float64)
+    arrays = {"train": (x_train, y_train), "test": (x_test, y_test)}
+    for array in (x_train, x_test, y_train, y_test):
+        array.flags.writeable = False
+    return arrays, (tuple(mean), tuple(std))
+
+
+def stats(name):
+    """The per-channel `(mean, std)` of dataset `name`, as float32 arrays of shape [3]."""
+    mean, std = digits_arrays()[1] if name == "digits" else KNOWN_STATS[name]
+    return np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Per-example TensorFlow ops.
+
+
+def to_unit_rgb32(image, label):
+    """Any source image -> float32 `[32, 32, 3]` in [0, 1]; label -> int32."""
+    if image.dtype == tf.uint8:
+        image = tf.cast(image, tf.float32) / 255.0
+    if tuple(image.shape[:2]) != (IMAGE_SIZE, IMAGE_SIZE):
+        image = tf.image.resize(image, (IMAGE_SIZE, IMAGE_SIZE), method="bilinear")
+    if image.shape[-1] == 1:
+        image = tf.repeat(image, 3, axis=-1)
+    return image, tf.cast(label, tf.int32)
+
+
+def _augment(image, seed, flip):
+    """Pads 4 black pixels, crops a random 32x32 window, maybe flips: all from `seed`."""
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    padded = tf.pad(image, [[_PAD, _PAD], [_PAD, _PAD], [0, 0]])
+    image = tf.image.stateless_random_crop(padded, (IMAGE_SIZE, IMAGE_SIZE, 3), crop_seed)
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return image
+
+
+def with_augmentation(examples, name, seed, rerandomize=True):
+    """`(image, label)` examples with the standard CIFAR augmentation of dataset `name`.
+
+    A 4-pixel black padding and a random 32x32 crop, and a left/right flip with
+    probability 1/2 where a mirror image shows the same class. One fresh pair of seeds per
+    example, deterministic for `seed`, new on each pass (unless `rerandomize` is False:
+    then every pass draws the same).
+    """
+    seeds = tf.data.Dataset.random(
+        seed=seed + _AUGMENT_SEED_OFFSET, rerandomize_each_iteration=rerandomize
+    ).batch(2)
+    flip = name in FLIP_INVARIANT
+    return tf.data.Dataset.zip((examples, seeds)).map(
+        lambda example, pair: (_augment(example[0], pair, flip), example[1]),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def normalised(examples, name):
+    """`(image, label)` examples with each image channel normalised: `(x - mean) / std`."""
+    mean, std = stats(name)
+    return examples.map(
+        lambda image, label: ((image - mean) / std, label),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
