@@ -258,10 +258,15 @@ def _final(results, spec_filter):
     return acc, loss, sum(r["diverged"] for r in runs), runs
 
 
-def _matches(spec, model, config, lr, n):
-    if spec.model != model or spec.config != config or spec.lr != lr:
-        return False
-    return config in common.BASELINES or spec.stages == n
+def _matcher(model, config, lr, n):
+    """A predicate: is a run spec of this model, configuration, lr and depth?"""
+
+    def matches(spec):
+        if spec.model != model or spec.config != config or spec.lr != lr:
+            return False
+        return config in common.BASELINES or spec.stages == n
+
+    return matches
 
 
 def tables(results, args):
@@ -274,8 +279,7 @@ def tables(results, args):
         for config in args.configs:
             acc_row, loss_row = [config], [config]
             for lr, n in columns:
-                acc, loss, diverged, _ = _final(
-                    results, lambda s: _matches(s, model, config, lr, n))
+                acc, loss, diverged, _ = _final(results, _matcher(model, config, lr, n))
                 acc_row.append(_pct(acc, diverged, len(args.seeds)))
                 loss_row.append("n/a" if loss["n"] == 0 else f"{loss['mean']:.3f}")
             acc_rows.append(acc_row)
@@ -345,8 +349,8 @@ def _difference_table(results, args, model, columns, heads):
     for config in [c for c in args.configs if c != "single"]:
         row = [config]
         for lr, n in columns:
-            a, _, _, _ = _final(results, lambda s: _matches(s, model, config, lr, n))
-            b, _, _, _ = _final(results, lambda s: _matches(s, model, "single", lr, n))
+            a, _, _, _ = _final(results, _matcher(model, config, lr, n))
+            b, _, _, _ = _final(results, _matcher(model, "single", lr, n))
             if a["n"] == 0 or b["n"] == 0:
                 row.append("n/a")
                 continue
@@ -383,7 +387,7 @@ def plot(results, args, path, key="test_accuracy"):
     epochs = range(1, args.epochs + 1)
     for ax, (model, lr, n) in zip(axes.flat, panels):
         for c, config in enumerate(args.configs):
-            runs = [r for s, r in results.items() if _matches(s, model, config, lr, n)]
+            runs = [r for s, r in results.items() if _matcher(model, config, lr, n)(s)]
             if not runs:
                 continue
             per_epoch = [common.summarise(v) for v in zip(*(r[key] for r in runs))]

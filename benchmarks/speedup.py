@@ -374,7 +374,8 @@ def validate(args, log):
     profile = median_profile(profiles)
     predicted = {n: _predict_here(n, profile, hw, cuts, args) for n in names}
     lines = [
-        f"Hardware model of the 4 {machine['kind']} devices (measured): bandwidth {hw.bandwidth / 1e9:.0f} GB/s, "
+        f"Hardware model of the 4 {machine['kind']} devices (measured): "
+        f"bandwidth {hw.bandwidth / 1e9:.0f} GB/s, "
         f"latency {hw.latency * 1e6:.0f} us, concurrency {hw.concurrency:.2f} of 4 devices "
         f"for VGG16's training step ({machine['concurrency_matmul']:.2f} for matrix "
         "products). "

@@ -138,7 +138,11 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize(
     "build, metadata, differences",
     [
-        (lambda: pipeline("stash"), {"seed": 7}, ["mode: the checkpoint has 'spectrain', this run has 'stash'"]),
+        (
+            lambda: pipeline("stash"),
+            {"seed": 7},
+            ["mode: the checkpoint has 'spectrain', this run has 'stash'"],
+        ),
         (lambda: pipeline(cuts=("dense0",)), {"seed": 7}, ["num_stages", "cuts"]),
         (lambda: pipeline(width=10), {"seed": 7}, ["architecture"]),
         (lambda: pipeline(), {"seed": 8}, ["extra.seed: the checkpoint has 7, this run has 8"]),
@@ -160,7 +164,8 @@ def test_a_different_run_is_refused_with_what_differs(saved, build, metadata, di
 def test_a_plain_keras_model_cannot_load_a_pipeline_checkpoint(saved):
     model = tiny_model()
     model.compile(optimizer=SpecTrainSGD(0.05, momentum=0.9), loss="mse")
-    with pytest.raises(checkpoint_store.CheckpointError, match="kind: the checkpoint has 'pipeline'"):
+    kind = "kind: the checkpoint has 'pipeline'"
+    with pytest.raises(checkpoint_store.CheckpointError, match=kind):
         restore_checkpoint(model, saved)
 
 
@@ -287,7 +292,8 @@ def test_a_signal_drains_saves_and_says_how_to_resume(signum, tmp_path):
         out, err = finish.communicate(timeout=300)
         assert finish.returncode == 0, err[-3000:]
         assert f"resuming {path}" in out and "test accuracy" in out
-        names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(logdir / "checkpoints")]
+        paths = checkpoint_store.list_checkpoints(logdir / "checkpoints")
+        names = [os.path.basename(p) for p in paths]
         assert names[-1] == "ckpt-e0002-b000000"
         _assert_loads_without_tf_spectrain(logdir / "model.keras", tmp_path)
 
@@ -368,8 +374,8 @@ def test_checkpoint_callback_refuses_a_file_as_directory(tmp_path):
 
 
 def _tensor_scalars(logdir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
     acc.Reload()
@@ -411,7 +417,9 @@ def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp
     checkpoint_store.load_checkpoint(checkpoint_store.latest_checkpoint(tmp_path))
 
 
-def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(tmp_path, capsys, monkeypatch):
+def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
+    tmp_path, capsys, monkeypatch
+):
     """Stopped after a few mini-batches of epoch 0, resumed: two fit segments, the same
     weights as an uninterrupted run (sequential SGD), step numbers without a gap."""
     from tf_spectrain import training

@@ -7,11 +7,10 @@ import textwrap
 
 import pytest
 import tensorflow as tf
+from conftest import NUM_DEVICES
 
 import tf_spectrain
 from tf_spectrain import devices
-
-from conftest import NUM_DEVICES
 
 
 def run_python(code):

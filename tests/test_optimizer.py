@@ -4,11 +4,11 @@ References are independent of the code under test: Keras' own `SGD` (golden traj
 and small NumPy re-implementations of the update and prediction rules written here.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from tf_spectrain.optimizer import SpecTrainSGD
 
 ATOL = 1e-6

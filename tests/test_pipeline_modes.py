@@ -10,8 +10,8 @@ import itertools
 import keras
 import numpy as np
 import pytest
-
 import spectrain_reference as ref
+
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 

@@ -9,7 +9,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 import spectrain_reference as ref
 
 LAYERS = [5, 8, 7, 6, 3]  # four Dense layers

@@ -112,7 +112,8 @@ def test_tags_cover_steps_epochs_stages_and_predictions(paper_run):
         "pipeline/skipped_batches", "pipeline/probe_seconds", "run/num_stages",
     }
     for k in range(4):
-        expected |= {f"pipeline/stage_{k}/{name}" for name in ("busy_seconds", "utilisation", "s_f", "s_b")}
+        names = ("busy_seconds", "utilisation", "s_f", "s_b")
+        expected |= {f"pipeline/stage_{k}/{name}" for name in names}
         expected |= {f"prediction/stage_{k}/forward_{n}" for n in ("ratio", "error", "baseline")}
     assert expected <= tags, sorted(expected - tags)
 
