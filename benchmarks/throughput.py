@@ -97,13 +97,14 @@ def child(args):
     # The whole epoch: for a pipeline the executor's wall time, which includes the drain
     # (the backward passes still running after the last mini-batch's loss, which the batch
     # callbacks report); for model.fit the first callback to the last.
-    seconds = getattr(trainer, "epoch_seconds", None)
+    pipeline = trainer.state if isinstance(trainer, tf_spectrain.PipelineModel) else None
+    seconds = pipeline.epoch_seconds if pipeline is not None else None
     whole = args.steps * args.batch_size / seconds if seconds else clock.whole(args.batch_size)
     out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb()}
     out["device_peak_mb"] = [_peak_memory_mb(tf, d) for d in devices]
-    if hasattr(trainer, "runners"):
-        wall = trainer.epoch_seconds  # the whole epoch, drain included
-        busy = [sum(e - s for _, _, s, e in r.timeline) for r in trainer.runners]
+    if pipeline is not None:
+        wall = pipeline.epoch_seconds  # the whole epoch, drain included
+        busy = [sum(e - s for _, _, s, e in timeline) for timeline in pipeline.timelines]
         out["utilisation"] = [b / wall for b in busy]
         out["bubble"] = 1 - sum(out["utilisation"]) / len(busy)
     print(json.dumps(out))
@@ -172,7 +173,7 @@ def table(results, args, seconds):
     base = statistics.median(r["steady"] for r in base_runs)
     base_epoch = statistics.median(r["epoch"] for r in base_runs)
     lines = [
-        f"`{' '.join(sys.argv)}`: {args.model}, batch {args.batch_size}, "
+        f"`{' '.join(['python', '-m', 'benchmarks.throughput'] + sys.argv[1:])}`: {args.model}, batch {args.batch_size}, "
         f"{args.steps} steps/epoch, median of {args.repeats} interleaved repeats, "
         f"{seconds / 60:.1f} min.",
         "",

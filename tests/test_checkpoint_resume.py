@@ -35,8 +35,19 @@ def test_restore_latest_restores_the_newest_for_the_same_facts(tmp_path):
     info = checkpoint.restore_latest(other, str(tmp_path), {"seed": 0})
     assert (info["epoch"], info["path"]) == (2, newest)
     np.testing.assert_array_equal(other.layers[-1].kernel.numpy(), np.ones((3, 2)))
-    with pytest.raises(checkpoint.CheckpointError, match="extra.seed: the checkpoint has 0"):
+    with pytest.raises(checkpoint.IncompatibleCheckpoint) as info:
         checkpoint.restore_latest(tiny_model(), str(tmp_path), {"seed": 1})
+    assert isinstance(info.value, checkpoint.CheckpointError)
+    assert "extra.seed: the checkpoint has 0" in str(info.value)
+    assert str(info.value).endswith("(train.py: another --checkpoint-dir, or another --logdir)")
+
+
+def test_restore_checkpoint_of_another_run_names_no_flag(tmp_path):
+    checkpoint.save(tiny_model(), tmp_path, epoch=1, metadata={"seed": 0})
+    path = checkpoint.latest_checkpoint(str(tmp_path))
+    with pytest.raises(checkpoint.IncompatibleCheckpoint) as info:
+        checkpoint.restore_checkpoint(tiny_model(), path, metadata={"seed": 1})
+    assert "--" not in str(info.value)  # the Python API: no train.py flag
 
 
 def test_apply_learning_rate_sets_every_optimizer_and_says_so_when_it_changes(capsys):

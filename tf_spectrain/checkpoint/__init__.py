@@ -11,7 +11,11 @@
 """
 
 from tf_spectrain.checkpoint.callback import CheckpointWriteError, PipelineCheckpoint
-from tf_spectrain.checkpoint.compat import check_compatible, compare_metadata
+from tf_spectrain.checkpoint.compat import (
+    IncompatibleCheckpoint,
+    check_compatible,
+    compare_metadata,
+)
 from tf_spectrain.checkpoint.format import (
     ARRAYS_FILE,
     FORMAT_VERSION,
@@ -42,6 +46,7 @@ __all__ = [
     "TMP_PREFIX",
     "CheckpointError",
     "CheckpointWriteError",
+    "IncompatibleCheckpoint",
     "PipelineCheckpoint",
     "apply_learning_rate",
     "check_compatible",

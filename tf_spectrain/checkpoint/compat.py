@@ -59,6 +59,10 @@ def compare_metadata(saved, current, keys):
     return differences
 
 
+class IncompatibleCheckpoint(CheckpointError):
+    """A checkpoint written by a run with other settings (the message lists them)."""
+
+
 def check_compatible(info, current, keys):
     """Refuses a checkpoint written by a run with other settings.
 
@@ -68,8 +72,8 @@ def check_compatible(info, current, keys):
         keys: the metadata names that must match, e.g. `["model", "cuts", "mode"]`.
 
     Raises:
-        CheckpointError: some of `keys` differ; the message names the checkpoint and lists
-            every difference.
+        IncompatibleCheckpoint: (a `CheckpointError`) some of `keys` differ; the message
+            names the checkpoint and lists every difference.
         TypeError: `info` is not a `load_checkpoint` info dict, or see `compare_metadata`.
     """
     if not isinstance(info, abc.Mapping) or not isinstance(info.get("metadata"), abc.Mapping):
@@ -80,10 +84,10 @@ def check_compatible(info, current, keys):
     differences = compare_metadata(info["metadata"], current, keys)
     if differences:
         listing = "\n".join(f"  - {difference}" for difference in differences)
-        raise CheckpointError(
+        raise IncompatibleCheckpoint(
             f"Checkpoint {info.get('path', '(unknown path)')} was written by a different "
             f"run:\n{listing}\nResume with the same settings, or write checkpoints to "
-            "another directory (--checkpoint-dir)."
+            "another directory."
         )
 
 

@@ -10,7 +10,7 @@ import math
 import keras
 
 from tf_spectrain import checks
-from tf_spectrain.checkpoint import state, store
+from tf_spectrain.checkpoint import compat, state, store
 
 
 def restore_latest(trainer, directory, facts):
@@ -32,7 +32,12 @@ def restore_latest(trainer, directory, facts):
     if path is None:
         print(f"--resume: no checkpoint in {directory} yet; starting from scratch.", flush=True)
         return None
-    return state.restore_checkpoint(trainer, path, metadata=facts)
+    try:
+        return state.restore_checkpoint(trainer, path, metadata=facts)
+    except compat.IncompatibleCheckpoint as error:
+        raise compat.IncompatibleCheckpoint(
+            f"{error} (train.py: another --checkpoint-dir, or another --logdir)"
+        ) from None
 
 
 def apply_learning_rate(trainer, lr):
