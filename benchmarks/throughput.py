@@ -172,8 +172,9 @@ def table(results, args, seconds):
     base_runs = results[("single", 1)]
     base = statistics.median(r["steady"] for r in base_runs)
     base_epoch = statistics.median(r["epoch"] for r in base_runs)
+    command = " ".join(["python", "-m", "benchmarks.throughput"] + sys.argv[1:])
     lines = [
-        f"`{' '.join(['python', '-m', 'benchmarks.throughput'] + sys.argv[1:])}`: {args.model}, batch {args.batch_size}, "
+        f"`{command}`: {args.model}, batch {args.batch_size}, "
         f"{args.steps} steps/epoch, median of {args.repeats} interleaved repeats, "
         f"{seconds / 60:.1f} min.",
         "",
