@@ -13,7 +13,7 @@ import time
 
 from tf_spectrain import checks, data, input_checks, models, modes
 
-ON_NAN = ("stop", "skip")
+ON_NAN = modes.ON_NAN
 MAX_DEVICES = 64
 MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")

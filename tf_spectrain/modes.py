@@ -25,6 +25,8 @@ BASELINES = ("single", "dp")
 ALL_MODES = PIPELINE_MODES + BASELINES
 """Every mode `train.py` and the benchmarks train in."""
 TARGETS = schedule.TARGETS
+ON_NAN = ("stop", "skip")
+"""What a non-finite loss does in `fit` (`on_nan`, `--on-nan`): stop, or skip the update."""
 
 
 def check_mode(mode, target="paper"):

@@ -23,7 +23,7 @@ from tf_spectrain.runtime.loop import FitLoop
 from tf_spectrain.runtime.stage import build_runners
 from tf_spectrain.runtime.state import PipelineState, Progress
 
-ON_NAN = ("stop", "skip")
+ON_NAN = modes.ON_NAN
 
 __all__ = ["NonFiniteLossError", "PipelineModel"]
 
