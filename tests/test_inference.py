@@ -64,3 +64,12 @@ def test_collect_outputs_of_an_empty_dataset_is_an_error():
     empty = tf.data.Dataset.from_tensor_slices(X[:0]).batch(4)
     with pytest.raises(ValueError, match="yielded no batch"):
         inference.collect_outputs(pipe.runners, empty, True)
+
+
+def test_evaluate_and_predict_take_verbose_as_a_bool_as_keras_does():
+    pipe, model = _pipe()
+    got = pipe.evaluate(X, Y, batch_size=4, verbose=False, return_dict=True)
+    expected = model.evaluate(X, Y, batch_size=4, verbose=False, return_dict=True)
+    assert got == {k: pytest.approx(v, rel=1e-5) for k, v in expected.items()}
+    np.testing.assert_allclose(pipe.predict(X, verbose=True), model.predict(X, verbose=0),
+                               atol=1e-6)

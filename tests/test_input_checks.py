@@ -60,3 +60,8 @@ def test_names_the_pipeline_uses_stay_importable():
     assert input_checks.DEFAULT_BATCH_SIZE == 32
     for name in input_checks.__all__:
         assert hasattr(input_checks, name), name
+
+
+@pytest.mark.parametrize("verbose", [True, False, 0, 1, 2, "auto"])
+def test_verbose_takes_what_keras_takes(verbose):
+    assert input_checks.check_verbose(verbose) is None

@@ -80,7 +80,7 @@ def test_request_stop_from_a_batch_callback_ends_the_epoch_after_the_drain():
                 pipe.request_stop()
 
     x, y = np.ones((40, 3), "float32"), np.zeros((40, 2), "float32")
-    history = pipe.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[StopAfter()])
+    history = pipe.fit(x, y, batch_size=4, epochs=3, verbose=False, callbacks=[StopAfter()])
     assert len(history.history["loss"]) == 1  # one (shortened) epoch
     epoch, done, total = pipe.state.epoch_progress
     assert (epoch, total) == (0, 10) and 3 <= done < total  # the ones in flight finished

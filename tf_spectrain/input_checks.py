@@ -36,12 +36,17 @@ _VERBOSE_HELP = "'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch)"
 
 
 def check_verbose(verbose):
-    """Checks `verbose` as Keras takes it: "auto", 0, 1 or 2.
+    """Checks `verbose` as Keras takes it: "auto", 0, 1 or 2 (False and True are 0 and 1).
+
+    Args:
+        verbose: the value passed to `fit`, `evaluate` or `predict`.
 
     Raises:
         TypeError: if it is neither a string nor an integer.
         ValueError: for another string or integer.
     """
+    if isinstance(verbose, bool):
+        return  # Keras takes verbose=True and False, as Python ints 1 and 0
     check_int("verbose", verbose, 0, 2, allow=("auto",), valid=_VERBOSE_HELP)
 
 
