@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from tf_spectrain import cli, training
-from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig
+from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig, as_run_config
 
 
 def test_the_parser_takes_its_defaults_from_the_fields():
@@ -98,7 +98,24 @@ def test_cross_field_rules():
     RunConfig(mode="sync", micro_batches=4, on_nan="skip", logdir="x")  # all fine together
 
 
-def test_prepare_takes_a_run_config():
-    namespace = argparse.Namespace(**dataclasses.asdict(RunConfig(logdir="x")))
-    with pytest.raises(TypeError, match=r"`config` must be a RunConfig"):
+def test_prepare_checks_a_namespace_as_a_run_config_before_any_work():
+    namespace = argparse.Namespace(**dict(dataclasses.asdict(RunConfig(logdir="x")), gpus=0))
+    with pytest.raises(ConfigError, match=r"--gpus must be an integer >= 1"):
         training.prepare(namespace)
+
+
+def test_as_run_config_takes_a_namespace_and_fills_the_defaults():
+    config = as_run_config(argparse.Namespace(model="mlp", gpus=2, logdir="runs/x"))
+    assert isinstance(config, RunConfig)
+    assert (config.model, config.gpus, config.epochs) == ("mlp", 2, RunConfig.epochs)
+    assert config.checkpoint_dir == os.path.join("runs/x", "checkpoints")
+    assert as_run_config(config) is config
+    with pytest.raises(ValueError, match="--gpus must be an integer >= 1"):
+        as_run_config(argparse.Namespace(gpus=0))
+
+
+def test_cli_check_args_lists_every_problem():
+    args = cli.build_parser().parse_args(["--gpus", "0", "--lr", "-1"])
+    errors = cli.check_args(args)
+    assert len(errors) == 2 and errors[0].startswith("--gpus") and errors[1].startswith("--lr")
+    assert cli.check_args(cli.build_parser().parse_args([])) == []

@@ -14,10 +14,19 @@ import signal
 import sys
 
 from tf_spectrain import checks, modes
-from tf_spectrain.config import ConfigError, RunConfig
+from tf_spectrain.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir: former names
+    MAX_DEVICES,
+    MAX_SEED,
+    ON_NAN,
+    ConfigError,
+    RunConfig,
+    default_logdir,
+    flag,
+)
 
 PIPELINE_MODES = modes.PIPELINE_MODES
 MODES = modes.ALL_MODES
+TARGETS = modes.TARGETS
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
@@ -41,7 +50,7 @@ def build_parser():
     def add(name, **kwargs):
         if kwargs.get("action") != "store_true":
             kwargs["default"] = DEFAULTS[name]
-        p.add_argument("--" + name.replace("_", "-"), **kwargs)
+        p.add_argument(flag(name), **kwargs)
 
     add("model", help="model builder (see --help for the list)")
     add("gpus", type=int, help="number of devices to use")
@@ -141,6 +150,22 @@ def _comma_list(text):
     return names
 
 
+def check_args(args):
+    """The problems of parsed arguments (an `argparse.Namespace`) as a list of messages.
+
+    Args:
+        args: the parsed flags, e.g. `build_parser().parse_args(argv)`.
+
+    Returns:
+        Every problem `RunConfig` finds, one message each; empty when all is well.
+    """
+    try:
+        RunConfig(**vars(args))
+    except ConfigError as e:
+        return e.errors
+    return []
+
+
 def _check_writable(config):
     """Creates the output dirs now, so that an unwritable one fails before training."""
     targets = [("--logdir", config.logdir)]
@@ -150,25 +175,24 @@ def _check_writable(config):
         folder = os.path.dirname(os.path.abspath(config.export))
         targets.append(("the folder of --export", folder))
     errors = []
-    for flag, path in targets:
+    for name, path in targets:
         try:
-            checks.check_writable_dir(flag, path)
+            checks.check_writable_dir(name, path)
         except (ValueError, TypeError) as e:
             errors.append(str(e))
     return errors
 
 
-def repeated_flags(parser, argv):
-    """The options given more than once in `argv` (argparse would keep the last one)."""
+def repeated_flags(argv):
+    """The flags given more than once in `argv` (argparse would keep the last one)."""
     seen, repeated = set(), []
-    # argparse has no public list of a parser's option strings.
-    options = {o for action in parser._actions for o in action.option_strings}  # noqa: SLF001
+    options = {flag(name) for name in DEFAULTS}  # build_parser adds one flag per field
     for item in argv:
-        flag = item.split("=", 1)[0]
-        if flag in options and flag not in ("-h", "--help"):
-            if flag in seen and flag not in repeated:
-                repeated.append(flag)
-            seen.add(flag)
+        option = item.split("=", 1)[0]
+        if option in options:
+            if option in seen and option not in repeated:
+                repeated.append(option)
+            seen.add(option)
     return repeated
 
 
@@ -188,8 +212,8 @@ def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     errors = [
-        f"{flag} was given more than once; give each flag once"
-        for flag in repeated_flags(parser, argv)
+        f"{option} was given more than once; give each flag once"
+        for option in repeated_flags(argv)
     ]
     try:
         config = RunConfig(**vars(args))

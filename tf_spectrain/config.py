@@ -102,6 +102,26 @@ class RunConfig:
             object.__setattr__(self, name, value)
 
 
+def as_run_config(settings):
+    """`settings` as a checked `RunConfig`: itself, or built from its attributes.
+
+    Args:
+        settings: a `RunConfig`, or any object (an `argparse.Namespace`, say) whose
+            attributes are named as `RunConfig`'s fields; missing ones take the defaults.
+
+    Returns:
+        A `RunConfig`.
+
+    Raises:
+        ConfigError: (a ValueError; also a TypeError when all are of the wrong type) the
+            settings' problems.
+    """
+    if isinstance(settings, RunConfig):
+        return settings
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    return RunConfig(**{n: getattr(settings, n) for n in names if hasattr(settings, n)})
+
+
 class _Problems(list):
     """The errors of checks, collected instead of raised."""
 

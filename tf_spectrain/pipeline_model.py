@@ -29,8 +29,12 @@ __all__ = ["NonFiniteLossError", "PipelineModel"]
 
 
 def _progress_field(name, doc):
-    """A read-only property of the pipeline's `progress`."""
-    return property(lambda self: getattr(self.progress, name), doc=f"{doc.capitalize()}.")
+    """A property that reads and writes the field `name` of the pipeline's `progress`."""
+    return property(
+        lambda self: getattr(self.progress, name),
+        lambda self, value: setattr(self.progress, name, value),
+        doc=f"{doc.capitalize()}.",
+    )
 
 
 class PipelineModel:

@@ -26,9 +26,13 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint, checks, data, devices, input_checks, models, trainers
+from tf_spectrain import checkpoint, data, devices, input_checks, models, trainers
 from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry
-from tf_spectrain.config import RunConfig
+from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has always exported
+    CheckpointWriteError,
+    restore_checkpoint,
+)
+from tf_spectrain.config import RunConfig, as_run_config
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 
 
@@ -121,6 +125,11 @@ class Run:
     phase: str = "prepared"  # then "training", then "finishing" (evaluation and export)
 
 
+def make_sgd(config, cls=keras.optimizers.SGD):
+    """Momentum SGD of class `cls` with the run's `lr`, `momentum` and `weight_decay`."""
+    return trainers.sgd(cls, config.lr, config.momentum, config.weight_decay)
+
+
 def run_facts(config):
     """The settings a checkpoint records and a resumed run must share."""
     return {
@@ -146,17 +155,18 @@ def prepare(config):
     """Sets up devices, data and the compiled model or pipeline described by `config`.
 
     Args:
-        config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`).
+        config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`), or an object
+            with the same attributes (an `argparse.Namespace`), checked into one.
 
     Returns:
         A `Run`, for `train`.
 
     Raises:
-        ValueError, TypeError: for a `config` that is not a `RunConfig`, and for input
+        ValueError, TypeError: for bad settings (`config.ConfigError`), and for input
             that only the data or the model can check (a last mini-batch too small for
             `--micro-batches`, the names in `--cuts`), before any training.
     """
-    checks.check_instance("config", config, RunConfig, " (see tf_spectrain.cli.parse_args)")
+    config = as_run_config(config)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
