@@ -38,9 +38,13 @@ def test_after_init_too_many_devices_says_to_call_it_first():
         tf_spectrain.setup_devices(NUM_DEVICES + 1)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", None, True])
-def test_bad_count(bad):
-    with pytest.raises(ValueError, match=r"`n` must be an integer >= 1.*Received: n="):
+@pytest.mark.parametrize(
+    "bad, error",
+    [(0, ValueError), (-1, ValueError), (2.5, TypeError), ("4", TypeError), (None, TypeError),
+     (True, TypeError)],
+)
+def test_bad_count(bad, error):
+    with pytest.raises(error, match=r"`n` must be an integer >= 1.*Received: n="):
         tf_spectrain.setup_devices(bad)
 
 

@@ -16,12 +16,12 @@ import warnings
 
 import tensorflow as tf
 
+from tf_spectrain import checks
+
 
 def _check_count(n):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(
-            f"`n` must be an integer >= 1 (the number of devices to use). Received: n={n!r}"
-        )
+    """`n` as an int >= 1 (the number of devices)."""
+    return checks.check_int("n", n, 1, meaning="the number of devices to use")
 
 
 def _names(kind, count):

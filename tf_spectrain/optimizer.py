@@ -342,6 +342,8 @@ class SpecTrainSGD(keras.optimizers.Optimizer):
         if not isinstance(self._learning_rate, keras.Variable):
             config["learning_rate"] = self._learning_rate
         clone = type(self).from_config(config)
+        # Keras' exclude_from_weight_decay() keeps its choices in these attributes of the
+        # base optimizer, and get_config() does not carry them.
         for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
             if hasattr(self, attr):
                 setattr(clone, attr, getattr(self, attr))

@@ -43,7 +43,9 @@ class Hardware:
     name: str = "custom"
 
     def __post_init__(self):
-        set_ = lambda field, value: object.__setattr__(self, field, value)  # noqa: E731
+        def set_(field, value):  # the dataclass is frozen: fields are set once, here
+            object.__setattr__(self, field, value)
+
         devices = checks.check_int("num_gpus", self.num_gpus, 1, meaning="the number of devices")
         set_("num_gpus", devices)
         set_(

@@ -229,7 +229,8 @@ def measure_concurrency(devices, workload=None, repeats=5):
     Raises:
         TypeError, ValueError: for invalid arguments.
     """
-    if not isinstance(devices, (list, tuple)) or len(devices) < 2:
+    checks.check_instance("devices", devices, (list, tuple), " of device names")
+    if len(devices) < 2:
         raise ValueError(
             f"`devices` must be a list of at least 2 device names. Received: devices={devices!r}"
         )

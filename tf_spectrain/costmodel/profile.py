@@ -41,8 +41,9 @@ class LayerProfile:
     weight_bytes: float = 0.0
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"`name` must be a non-empty string. Received: name={self.name!r}")
+        checks.check_instance("name", self.name, str)
+        if not self.name:
+            raise ValueError("`name` must be a non-empty string. Received: name=''")
         for field, what in (
             ("forward_time", "seconds"),
             ("backward_time", "seconds"),

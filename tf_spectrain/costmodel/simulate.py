@@ -24,7 +24,9 @@ from tf_spectrain import checks, schedule
 
 
 def _check_times(name, values, length):
-    if not isinstance(values, (list, tuple)) or len(values) != length:
+    """`values` as `length` durations in seconds (floats >= 0)."""
+    checks.check_instance(name, values, (list, tuple), " of durations in seconds")
+    if len(values) != length:
         raise ValueError(
             f"`{name}` must be a list of {length} durations in seconds. "
             f"Received: {name}={values!r}"
@@ -36,7 +38,8 @@ def _check_times(name, values, length):
 
 def _check_pipeline(forward, backward, send_forward, send_backward):
     """Checks the four duration lists of an N-stage pipeline; returns them as float lists."""
-    if not isinstance(forward, (list, tuple)) or not forward:
+    checks.check_instance("forward", forward, (list, tuple), " of per-stage durations")
+    if not forward:
         raise ValueError(
             f"`forward` must be a non-empty list of per-stage durations. Received: {forward!r}"
         )

@@ -72,13 +72,7 @@ def default_cuts(model, num_stages, cost="params"):
         ValueError: if `cost` is unknown, the model cannot be split (see `read_graph`),
             or it has fewer candidate cut layers than `num_stages - 1`.
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int):
-        raise TypeError(
-            "`num_stages` must be an int >= 1. "
-            f"Received: num_stages={num_stages!r} of type {type(num_stages).__name__}"
-        )
-    if num_stages < 1:
-        raise ValueError(f"`num_stages` must be >= 1. Received: num_stages={num_stages}")
+    num_stages = checks.check_int("num_stages", num_stages, 1)
     checks.check_one_of("cost", cost, COSTS)
     graph = read_graph(model)
     names = graph.names

@@ -63,6 +63,7 @@ def _clone_layer(layer):
     if isinstance(layer, keras.layers.Lambda):
         return keras.layers.Lambda(
             layer.function,
+            # Keras keeps the output_shape argument only in this private attribute.
             output_shape=getattr(layer, "_output_shape", None),
             mask=layer.mask,
             arguments=layer.arguments,

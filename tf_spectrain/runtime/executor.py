@@ -189,7 +189,7 @@ class EpochRun:
     def _thread_main(self, k):
         try:
             self._stage_loop(k)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+        except BaseException as error:  # anything, even KeyboardInterrupt: re-raised in the caller
             self.failure.record(error, None)  # _stage_loop's note says where
 
     # --- caller -------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class EpochRun:
                 if isinstance(result, str) and result == STOP:
                     break
                 on_batch(*result)
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:  # anything: the caller re-raises it
             self.failure.record(error, "the training loop (callbacks)")
         finally:
             for t in threads:
