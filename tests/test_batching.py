@@ -73,7 +73,6 @@ def test_num_batches(cardinality, steps, expected):
     [
         (tf.data.Dataset.range(3).repeat(), None, "unknown or infinite"),
         (tf.data.Dataset.range(0).batch(1), None, "empty"),
-        (tf.data.Dataset.range(3), 0, "steps_per_epoch"),
     ],
 )
 def test_num_batches_refuses(ds, steps, pattern):

@@ -63,11 +63,14 @@ def epoch_batches(model, x, y, batch_size, seed, epoch):
 def num_batches(ds, steps):
     """Mini-batches per epoch: `steps` if given, else the dataset's known length.
 
+    Args:
+        ds: the training dataset of `(x, y)` batches.
+        steps: `fit`'s `steps_per_epoch` (already checked: None or an int >= 1).
+
     Raises:
-        ValueError: a bad `steps`, or a dataset of unknown, infinite or zero length.
+        ValueError: without `steps`, a dataset of unknown, infinite or zero length.
     """
     if steps is not None:
-        input_checks.check_int("steps_per_epoch", steps, 1)
         return int(steps)
     n = int(ds.cardinality())
     if n < 0:
