@@ -41,10 +41,21 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
 
 
 def epoch_batches(model, x, y, batch_size, seed, epoch):
-    """Arrays (already checked) shuffled for epoch `epoch` of a pipeline's life.
+    """Batches arrays (already checked) in a shuffled order for epoch `epoch` of a pipeline's life.
 
     The order depends only on `seed` and `epoch`, so successive `fit` calls see new
     orders, as with Keras, and a resumed run the same orders as an uninterrupted one.
+
+    Args:
+        model: the wrapped Keras model (its inputs name the parts of `x`).
+        x: the input arrays (an array, a list or a dict of them).
+        y: the label arrays (an array, or a tuple or dict of them).
+        batch_size: examples per mini-batch; None for the default of 32.
+        seed: the pipeline's shuffle seed.
+        epoch: the epoch count since the pipeline started (0 for the first).
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)` batches, in the epoch's order.
     """
     batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     inputs = input_checks.model_inputs(model, x)
@@ -66,6 +77,9 @@ def num_batches(ds, steps):
     Args:
         ds: the training dataset of `(x, y)` batches.
         steps: `fit`'s `steps_per_epoch` (already checked: None or an int >= 1).
+
+    Returns:
+        The number of mini-batches per epoch, as an int.
 
     Raises:
         ValueError: without `steps`, a dataset of unknown, infinite or zero length.
@@ -116,7 +130,16 @@ class EpochFeed:
         self._iterator = iter(self.dataset) if steps_per_epoch is not None else None
 
     def batches(self, seed, epoch):
-        """An iterator of the `(x, y)` mini-batches of the next epoch."""
+        """Gives the `(x, y)` mini-batches of the next epoch.
+
+        Args:
+            seed: the pipeline's shuffle seed (used only for arrays shuffled per epoch).
+            epoch: the epoch count since the pipeline started (likewise).
+
+        Returns:
+            An iterator of `(x, y)` batches: freshly shuffled arrays, a new pass over the
+            dataset, or, with `steps_per_epoch`, the one iterator continued across epochs.
+        """
         if self._per_epoch_order:
             return iter(epoch_batches(*self._arrays, seed, epoch))
         return self._iterator if self._iterator is not None else iter(self.dataset)

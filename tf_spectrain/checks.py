@@ -17,23 +17,53 @@ _SHOW_LIMIT = 120
 
 
 def is_int(value):
-    """True for an integral number (Python or NumPy) that is not a bool."""
+    """Tells whether `value` is an integral number (Python or NumPy) that is not a bool.
+
+    Args:
+        value: the value to test.
+
+    Returns:
+        True for an integral number that is not a bool, else False.
+    """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value):
-    """True for a real number (Python or NumPy) that is not a bool."""
+    """Tells whether `value` is a real number (Python or NumPy) that is not a bool.
+
+    Args:
+        value: the value to test.
+
+    Returns:
+        True for a real number that is not a bool, else False.
+    """
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def show(value):
-    """`repr(value)`, shortened to a readable length."""
+    """Shows `value` for a message: its `repr`, shortened to a readable length.
+
+    Args:
+        value: any value.
+
+    Returns:
+        `repr(value)`, cut to 120 characters (ending in "...") when longer.
+    """
     text = repr(value)
     return text if len(text) <= _SHOW_LIMIT else text[: _SHOW_LIMIT - 3] + "..."
 
 
 def received(name, value):
-    """The "Received: ..." part of a message, for an argument or a `--flag`."""
+    """Builds the "Received: ..." part of a message, for an argument or a `--flag`.
+
+    Args:
+        name: the argument's name, or a flag starting with "--".
+        value: the value received.
+
+    Returns:
+        "Received: name=<repr>" for an argument, or "Received: --flag <value>" for a flag (the
+        value as typed, quoted when empty or padded with spaces).
+    """
     if name.startswith("--"):
         shown = value if isinstance(value, (int, float)) else _flag_value(value)
         return f"Received: {name} {shown}"
@@ -154,6 +184,11 @@ def check_number(
 def check_bool(name, value, none_ok=False):
     """Checks that `value` is True or False (a Python or NumPy bool; not 0 or 1).
 
+    Args:
+        name: the argument's name (or a `--flag`), for the message.
+        value: the value to check.
+        none_ok: True if None is accepted.
+
     Returns:
         `value` as a Python bool (or None when `none_ok`).
 
@@ -174,6 +209,12 @@ def _is_numpy_bool(value):
 def check_one_of(name, value, choices, *, ignore_case=False):
     """Checks that `value` is one of `choices` (with a "did you mean" for near misses).
 
+    Args:
+        name: the argument's name (or a `--flag`), for the message.
+        value: the value to check; an unhashable or uncomparable value is not a choice.
+        choices: the valid values (any iterable).
+        ignore_case: True if the "did you mean" hint ignores case (matching itself does not).
+
     Returns:
         `value`.
 
@@ -192,10 +233,19 @@ def check_one_of(name, value, choices, *, ignore_case=False):
 
 
 def check_instance(name, value, cls, hint=""):
-    """Checks that `value` is an instance of `cls` (a class or a tuple of classes).
+    """Checks that `value` is an instance of `cls`.
+
+    Args:
+        name: the argument's name (or a `--flag`), for the message.
+        value: the value to check.
+        cls: a class or a tuple of classes.
+        hint: text appended to the class names in the message (e.g. " or a path").
+
+    Returns:
+        `value`.
 
     Raises:
-        TypeError: if it is not; `hint` is appended to the description.
+        TypeError: if it is not an instance of `cls`.
     """
     if not isinstance(value, cls):
         names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
@@ -204,12 +254,18 @@ def check_instance(name, value, cls, hint=""):
 
 
 def check_path(name, value, valid=None):
-    """Checks that `value` is a non-empty path (str or `os.PathLike`); returns it as a str.
+    """Checks that `value` is a non-empty path (str or `os.PathLike`).
 
-    `valid`, if given, is what the message says is valid (e.g. "a path").
+    Args:
+        name: the argument's name (or a `--flag`), for the message.
+        value: the value to check.
+        valid: what the message says is valid (e.g. "a path"); None: a default description.
+
+    Returns:
+        `value` as a str.
 
     Raises:
-        TypeError: if it is not a path.
+        TypeError: if it is not a str or `os.PathLike`.
         ValueError: if it is empty or only spaces.
     """
     if isinstance(value, os.PathLike):
@@ -269,5 +325,12 @@ def check_writable_dir(name, path, probe_prefix=".tmp-probe-"):
 
 
 def os_reason(error):
-    """The system's reason for an `OSError` (its strerror, else its text)."""
+    """Gives the system's reason for an `OSError`.
+
+    Args:
+        error: the `OSError`.
+
+    Returns:
+        Its `strerror`, else its text.
+    """
     return error.strerror or str(error)

@@ -184,7 +184,15 @@ def _check_writable(config):
 
 
 def repeated_flags(argv):
-    """The flags given more than once in `argv` (argparse would keep the last one)."""
+    """Finds the flags given more than once in `argv` (argparse would keep the last one).
+
+    Args:
+        argv: the command-line arguments after the program name; both `--flag value` and
+            `--flag=value` count.
+
+    Returns:
+        The repeated flags (e.g. `["--epochs"]`), each once, in the order of their second use.
+    """
     seen, repeated = set(), []
     options = {flag(name) for name in DEFAULTS}  # build_parser adds one flag per field
     for item in argv:
@@ -228,7 +236,16 @@ def parse_args(argv=None):
 
 
 def resume_command(argv, config):
-    """The command line that continues this run (a `RunConfig`) from its newest checkpoint."""
+    """Builds the command line that continues a run from its newest checkpoint.
+
+    Args:
+        argv: the run's arguments after the program name; None means `sys.argv[1:]`.
+        config: the run's `RunConfig` (its resolved `logdir` and `checkpoint_dir` are used).
+
+    Returns:
+        "python train.py ..." with `argv`'s flags, minus `--logdir`, `--checkpoint-dir` and
+        `--resume`, followed by the resolved `--logdir`, `--checkpoint-dir` and `--resume`.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     kept, skip = [], False
     for item in argv:
@@ -281,6 +298,7 @@ class _StopOnSignal:
         self.training.request_stop(self.run)
 
     def install(self):
+        """Handles SIGINT and SIGTERM from now on; returns a function restoring the old handlers."""
         previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
         return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
@@ -288,8 +306,18 @@ class _StopOnSignal:
 def main(argv=None):
     """Entry point of `train.py`: parse, check, train, print the summary line.
 
-    Returns 0 after training, and after a clean stop on SIGINT/SIGTERM (with a checkpoint
-    and the command that resumes); 1 when training stopped on a non-finite loss.
+    Args:
+        argv: the arguments after the program name; None means `sys.argv[1:]`.
+
+    Returns:
+        0 after training, and after a clean stop on SIGINT/SIGTERM (with a checkpoint and the
+        command that resumes); 1 when training stopped on a non-finite loss or a checkpoint
+        could not be written.
+
+    Raises:
+        SystemExit: with code 2 on bad flags or a bad `--cuts` (after printing every error),
+            or with 128 + the signal number on SIGINT/SIGTERM during set-up.
+        KeyboardInterrupt: on a second SIGINT/SIGTERM.
     """
     parser = build_parser()
     config = parse_args(argv)

@@ -6,7 +6,20 @@ _ACCURACY = ("accuracy", "acc")
 
 
 def resolve_loss(loss):
-    """A callable loss `loss(y_true, y_pred) -> scalar` from a Keras identifier."""
+    """Resolves a Keras loss identifier to a callable loss `loss(y_true, y_pred) -> scalar`.
+
+    A `keras.losses.Loss` is used as it is; a per-example loss function (or a name such as
+    "mse") is wrapped to average over the batch, as `keras.Model.compile` does.
+
+    Args:
+        loss: a Keras loss instance, loss function or name.
+
+    Returns:
+        A `keras.losses.Loss`.
+
+    Raises:
+        ValueError: if `loss` is None or Keras cannot resolve it.
+    """
     if loss is None:
         raise ValueError(
             "`loss` is required: pass a Keras loss or its name, e.g. "
@@ -36,6 +49,7 @@ class _BatchMean(keras.losses.Loss):
         self.fn = fn
 
     def call(self, y_true, y_pred):
+        """The per-example losses of the wrapped function (`Loss` averages them)."""
         return self.fn(y_true, y_pred)
 
 
@@ -52,10 +66,22 @@ def _accuracy_for(loss):
 
 
 def resolve_metrics(metrics, loss):
-    """A list of fresh Keras metric objects from `compile`'s `metrics` argument.
+    """Resolves `compile`'s `metrics` argument to a list of fresh Keras metric objects.
 
     "accuracy" / "acc" become the accuracy that fits the loss (sparse categorical for a
-    sparse categorical cross-entropy, and so on), as in `keras.Model.compile`.
+    sparse categorical cross-entropy, and so on), as in `keras.Model.compile`; metric
+    functions are wrapped in a `keras.metrics.MeanMetricWrapper`.
+
+    Args:
+        metrics: None, or a list or tuple of Keras metrics, metric functions or names.
+        loss: the resolved loss (its name picks the accuracy metric).
+
+    Returns:
+        A list of `keras.metrics.Metric` objects (empty for None).
+
+    Raises:
+        TypeError: if `metrics` is not None, a list or a tuple.
+        ValueError: if an entry is not a Keras metric or a metric name.
     """
     if metrics is None:
         return []
@@ -85,7 +111,17 @@ def resolve_metrics(metrics, loss):
 
 
 def resolve_optimizer(optimizer):
-    """A Keras optimizer from an instance or a name."""
+    """Resolves a Keras optimizer from an instance or a name.
+
+    Args:
+        optimizer: a Keras optimizer instance, or a name Keras knows (e.g. "sgd").
+
+    Returns:
+        A Keras optimizer.
+
+    Raises:
+        ValueError: if `optimizer` is None or Keras cannot resolve it.
+    """
     if optimizer is None:
         raise ValueError(
             "`optimizer` is required, e.g. optimizer=tf_spectrain.SpecTrainSGD("
@@ -102,11 +138,17 @@ def resolve_optimizer(optimizer):
 
 
 def clone_optimizer(optimizer):
-    """A fresh optimizer with the same configuration (each stage gets its own).
+    """Builds a fresh optimizer with the same configuration (each stage gets its own).
 
     `SpecTrainSGD.clone_for_stage` keeps what a config round trip would lose (callable
     or unregistered learning-rate schedules, weight-decay exclusions); other optimizers
     are rebuilt from their config.
+
+    Args:
+        optimizer: a Keras optimizer.
+
+    Returns:
+        A new, unbuilt optimizer of the same class and configuration.
     """
     if hasattr(optimizer, "clone_for_stage"):
         return optimizer.clone_for_stage()

@@ -21,12 +21,27 @@ SWITCHES = ("download", "graph", "histograms", "resume")
 
 
 def flag(field):
-    """The command-line flag of a `RunConfig` field: `batch_size` -> `--batch-size`."""
+    """Gives the command-line flag of a `RunConfig` field: `batch_size` -> `--batch-size`.
+
+    Args:
+        field: a `RunConfig` field name.
+
+    Returns:
+        The flag, as a str.
+    """
     return "--" + field.replace("_", "-")
 
 
 def default_logdir(model, mode):
-    """`runs/<model>-<mode>-<timestamp>`."""
+    """Builds the default log directory of a run: `runs/<model>-<mode>-<timestamp>`.
+
+    Args:
+        model: the model name.
+        mode: the training mode.
+
+    Returns:
+        The relative path, with the local time as `%Y%m%d-%H%M%S`.
+    """
     return os.path.join("runs", f"{model}-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 

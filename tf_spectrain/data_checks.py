@@ -154,17 +154,12 @@ def _as_labels(y, what):
 
 
 def _check_labels(model, loss, y, what="y", from_dataset=False):
-    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss.
-
-    The loss is run once, eagerly, on a two-example slice of the labels (zeros for a
-    dataset) and zero outputs: if that fails, training would fail the same way, later
-    and deep inside TensorFlow. Sparse categorical labels are also checked to lie in
-    `[0, num_classes)` (out-of-range labels give NaN losses on GPUs instead of an error).
-    Models with several outputs are left to the loss.
-
-    Raises:
-        ValueError: if the labels do not fit the model's output and the loss.
-    """
+    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss."""
+    # The loss is run once, eagerly, on a two-example slice of the labels (zeros for a
+    # dataset) and zero outputs: if that fails, training would fail the same way, later and
+    # deep inside TensorFlow (a ValueError here). Sparse categorical labels are also checked
+    # to lie in [0, num_classes): out-of-range labels give NaN losses on GPUs, not an error.
+    # Models with several outputs are left to the loss.
     if len(model.outputs) != 1:
         return
     out = model.outputs[0]
@@ -276,8 +271,13 @@ def check_data(model, loss, x, y, names=("x", "y")):
 def check_predict_dataset(model, ds):
     """Checks a dataset for `predict`: input batches, or `(x, y[, w])` batches as in Keras.
 
+    Args:
+        model: the wrapped Keras model.
+        ds: the `tf.data.Dataset` passed to `predict` as `x`.
+
     Raises:
-        TypeError, ValueError: if the dataset is empty or its inputs do not fit the model.
+        ValueError: if the dataset has 0 batches.
+        TypeError, ValueError: if its inputs do not fit the model (see `check_inputs`).
     """
     spec = ds.element_spec
     if isinstance(spec, tuple) and len(spec) in (2, 3):

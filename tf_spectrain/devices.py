@@ -29,12 +29,15 @@ def _names(kind, count):
 
 
 def existing_devices(kind=None):
-    """Returns the names of the logical devices TensorFlow has, GPUs first.
+    """Lists the names of the logical devices TensorFlow has, GPUs first.
+
+    This initialises the TensorFlow runtime if it is not yet initialised.
 
     Args:
         kind: `"GPU"`, `"CPU"` or None for both.
 
-    This initialises the TensorFlow runtime if it is not yet initialised.
+    Returns:
+        A list of device names, e.g. `["/GPU:0", "/GPU:1", "/CPU:0"]`.
     """
     kinds = ["GPU", "CPU"] if kind is None else [kind]
     names = []
@@ -44,7 +47,15 @@ def existing_devices(kind=None):
 
 
 def default_devices(num_stages):
-    """The first `num_stages` distinct devices, GPUs first (`PipelineModel(devices=None)`).
+    """Picks the first `num_stages` distinct devices, GPUs first (`PipelineModel(devices=None)`).
+
+    Only GPUs are used when there are any, else the CPUs.
+
+    Args:
+        num_stages: the number of pipeline stages (an int >= 1).
+
+    Returns:
+        A list of `num_stages` device names.
 
     Raises:
         ValueError: if fewer devices exist; the message says how to get more.
@@ -138,9 +149,16 @@ def _existing_or_raise(n, gpus):
 
 
 def split_counts(num_physical, n):
-    """How many logical devices each of `num_physical` devices gets so that there are `n`.
+    """Shares `n` logical devices among `num_physical` devices, as evenly as possible.
 
-    As even as possible, the first devices taking one more: `split_counts(3, 8) == [3, 3, 2]`.
+    The first devices take one more: `split_counts(3, 8) == [3, 3, 2]`.
+
+    Args:
+        num_physical: the number of physical devices (>= 1).
+        n: the number of logical devices wanted.
+
+    Returns:
+        A list of `num_physical` counts that sum to `n`.
     """
     return [n // num_physical + (1 if i < n % num_physical else 0) for i in range(num_physical)]
 
@@ -171,10 +189,17 @@ def _split_gpus(gpus, n):
 
 
 def gpu_memory_mb(num_gpus):
-    """Total memory in MB of each of the first `num_gpus` visible GPUs (None if unknown).
+    """Reads the total memory in MB of each of the first `num_gpus` visible GPUs.
 
     Read with `nvidia-smi` (TensorFlow can only tell after it has initialised, too late to
     split the devices); `CUDA_VISIBLE_DEVICES` selects and orders the GPUs as for CUDA.
+
+    Args:
+        num_gpus: how many GPUs to report.
+
+    Returns:
+        A list of `num_gpus` ints, None for a GPU whose memory is unknown (all None when
+        `nvidia-smi` cannot be run or fails).
     """
     try:
         out = subprocess.run(
@@ -187,7 +212,18 @@ def gpu_memory_mb(num_gpus):
 
 
 def parse_gpu_memory(text, visible, num_gpus):
-    """Pure part of `gpu_memory_mb`: nvidia-smi's lines, filtered by CUDA_VISIBLE_DEVICES."""
+    """Parses nvidia-smi's memory lines, filtered by CUDA_VISIBLE_DEVICES (pure).
+
+    Args:
+        text: the output of `nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits`,
+            one number of MB per line.
+        visible: the value of `CUDA_VISIBLE_DEVICES`, or None; GPU indices select and order the
+            lines, anything else (UUIDs, MIG names) keeps nvidia-smi's order.
+        num_gpus: how many GPUs to report.
+
+    Returns:
+        A list of `num_gpus` ints, None for a line that is not a number or a GPU not listed.
+    """
     totals = []
     for line in text.strip().splitlines():
         try:

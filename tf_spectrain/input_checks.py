@@ -123,7 +123,11 @@ def _check_callbacks(callbacks):
 
 
 def unpack_validation_data(validation_data):
-    """`(x_val, y_val)` from `validation_data` (a tuple/list of 2, or a dataset and None).
+    """Splits `validation_data` (a tuple/list of 2, or a dataset) into `(x_val, y_val)`.
+
+    Args:
+        validation_data: `(x_val, y_val)` as a tuple or list, or a `tf.data.Dataset` of
+            `(x, y)` batches.
 
     Returns:
         `(x_val, y_val)`, with `y_val` None when `validation_data` is a dataset.
@@ -150,7 +154,15 @@ def unpack_validation_data(validation_data):
 
 
 def validation_names(y_val):
-    """How messages call the parts of `validation_data`: the `names` of `check_data`."""
+    """Gives how messages call the parts of `validation_data`: the `names` of `check_data`.
+
+    Args:
+        y_val: the labels `unpack_validation_data` returned (None for a dataset).
+
+    Returns:
+        `("validation_data", "validation_data")` for a dataset, else
+        `("validation_data[0]", "validation_data[1]")`.
+    """
     if y_val is None:
         return ("validation_data", "validation_data")
     return ("validation_data[0]", "validation_data[1]")

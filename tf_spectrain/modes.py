@@ -32,6 +32,10 @@ ON_NAN = ("stop", "skip")
 def check_mode(mode, target="paper"):
     """Checks a pipeline mode and its SpecTrain target.
 
+    Args:
+        mode: the mode to check.
+        target: the SpecTrain target to check ("paper" or "consistent").
+
     Raises:
         ValueError: unless `mode` is one of `PIPELINE_MODES` and `target` one of `TARGETS`.
     """
@@ -54,10 +58,11 @@ class PassPlan:
 
     @property
     def reuses_forward(self):
+        """True when the backward reuses the forward's weights and activations."""
         return self.backward_steps is None
 
     def same_weights(self, updates_between):
-        """True when a backward can reuse its forward's activations.
+        """Tells whether a backward can reuse its forward's activations.
 
         That is when it reuses the forward's weights by definition, or when both passes
         compute the same weights from the same state: no update in between and the same
@@ -66,6 +71,9 @@ class PassPlan:
 
         Args:
             updates_between: updates the stage applies between the F and the B.
+
+        Returns:
+            True if the backward can reuse the forward's activations, else False.
         """
         if self.reuses_forward:
             return True
@@ -73,7 +81,21 @@ class PassPlan:
 
 
 def pass_plan(mode, k, num_stages, target="paper"):
-    """Returns the `PassPlan` of stage `k` of `num_stages` in `mode`."""
+    """Gives the `PassPlan` of stage `k` of `num_stages` in `mode` (see the module's table).
+
+    Args:
+        mode: one of `PIPELINE_MODES`.
+        k: the stage index, `0 <= k < num_stages`.
+        num_stages: the number of stages, an int >= 1.
+        target: the SpecTrain target, "paper" or "consistent" (checked for every mode).
+
+    Returns:
+        A `PassPlan`.
+
+    Raises:
+        ValueError: for an unknown `mode` or `target`, or `k` or `num_stages` out of range.
+        TypeError: if `k` or `num_stages` is not an int.
+    """
     check_mode(mode, target)
     s_f, s_b = schedule.version_gaps(k, num_stages, target)
     if mode in ("sync", "stash"):
@@ -84,7 +106,7 @@ def pass_plan(mode, k, num_stages, target="paper"):
 
 
 def probe_horizons(mode, k, num_stages, target="paper"):
-    """How many updates ahead of its own weight version each pass of stage k aims.
+    """Gives how many updates ahead of its own weight version each pass of stage k aims.
 
     The telemetry measures a pass's weight error against the weights the stage holds
     when it reaches the version `v + h` (`v`: the version the stage is at when the pass
@@ -94,10 +116,20 @@ def probe_horizons(mode, k, num_stages, target="paper"):
     paper rule aims at, so their distance is exactly the staleness SpecTrain corrects.
     A horizon of 0 means nothing to measure (the pass aims at the weights it has).
 
+    Args:
+        mode: one of `PIPELINE_MODES` (sync: always `(0, 0)`).
+        k: the stage index, `0 <= k < num_stages`.
+        num_stages: the number of stages, an int >= 1.
+        target: the SpecTrain target, "paper" or "consistent".
+
     Returns:
         `(h_forward, h_backward)`. `h_backward` refers to the backward's own version
         `i`; where the backward reuses the forward's weights (stash, consistent) the
         measured weights are the forward's.
+
+    Raises:
+        ValueError: for an unknown `mode` or `target`, or `k` or `num_stages` out of range.
+        TypeError: if `k` or `num_stages` is not an int.
     """
     check_mode(mode, target)
     if mode == "sync":

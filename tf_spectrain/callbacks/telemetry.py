@@ -3,31 +3,7 @@
     pipe.fit(x, y, epochs=5, callbacks=[tf_spectrain.callbacks.Telemetry("runs/exp1")])
     # then: tensorboard --logdir runs
 
-Tags written (steps are global mini-batch numbers for `batch/*` and `prediction/*`, epoch
-numbers for `epoch/*` and `pipeline/*`):
-
-| tag | what |
-|---|---|
-| `batch/<metric>` | running loss and metrics of the epoch, as the progress bar shows them |
-| `batch/learning_rate` | the learning rate |
-| `batch/images_per_second` | training throughput since the previous logged step |
-| `epoch/<metric>`, `epoch/val_<metric>` | epoch-end training and validation results |
-| `epoch/wall_time` | seconds of the epoch, validation included |
-| `pipeline/stage_<k>/busy_seconds` | time stage k spent in its passes during the epoch |
-| `pipeline/stage_<k>/utilisation` | busy time / the epoch's training wall time |
-| `pipeline/bubble_fraction` | measured idle share: 1 - mean utilisation of the stages |
-| `pipeline/bubble_fraction_schedule` | the idle share of the schedule in lock-step slots |
-| `pipeline/stage_<k>/s_f`, `.../s_b` | SpecTrain's version gaps in use (0: current weights) |
-| `pipeline/skipped_batches` | mini-batches left out by `on_nan="skip"` so far |
-| `run/num_stages` | written once at the start (1 for a plain model) |
-| `prediction/stage_<k>/<pass>_ratio` | `|W_used - W_target| / |W_stale - W_target|` |
-| `prediction/stage_<k>/<pass>_error` | `|W_used - W_target|` (vanilla, stash: the staleness) |
-| `prediction/stage_<k>/<pass>_baseline` | `|W_stale - W_target|` |
-| `prediction/stage_<k>/<pass>_ratio_mean` | per epoch, the mean of the sampled ratios |
-
-`<pass>` is `forward` or `backward`. The prediction error is measured, not derived: see
-`tf_spectrain.runtime.probe`. With a plain Keras model (the `single` and `dp` baselines)
-only the `batch/*` and `epoch/*` tags are written.
+`Telemetry`'s docstring lists the tags it writes.
 """
 
 import math
@@ -48,6 +24,34 @@ _FIRST_AUTO_INTERVAL = 10
 
 class Telemetry(keras.callbacks.Callback):
     """Writes per-step, per-epoch and per-stage pipeline scalars for TensorBoard.
+
+    Tags written (steps are global mini-batch numbers for `batch/*` and `prediction/*`, epoch
+    numbers for `epoch/*` and `pipeline/*`):
+
+    | tag | what |
+    |---|---|
+    | `batch/<metric>` | running loss and metrics of the epoch, as the progress bar shows them |
+    | `batch/learning_rate` | the learning rate |
+    | `batch/images_per_second` | training throughput since the previous logged step |
+    | `epoch/<metric>`, `epoch/val_<metric>` | epoch-end training and validation results |
+    | `epoch/wall_time` | seconds of the epoch, validation included |
+    | `pipeline/stage_<k>/busy_seconds` | time stage k spent in its passes during the epoch |
+    | `pipeline/stage_<k>/utilisation` | busy time / the epoch's training wall time |
+    | `pipeline/bubble_fraction` | measured idle share: 1 - mean utilisation of the stages |
+    | `pipeline/bubble_fraction_schedule` | the idle share of the schedule in lock-step slots |
+    | `pipeline/stage_<k>/s_f`, `.../s_b` | SpecTrain's version gaps in use (0: current weights) |
+    | `pipeline/skipped_batches` | mini-batches left out by `on_nan="skip"` so far |
+    | `pipeline/probe_seconds` | time the prediction measurements added to the stage threads |
+    | `run/num_stages` | written once at the start (1 for a plain model) |
+    | `prediction/stage_<k>/<pass>_ratio` | `|W_used - W_target| / |W_stale - W_target|` |
+    | `prediction/stage_<k>/<pass>_error` | `|W_used - W_target|` (vanilla, stash: the staleness) |
+    | `prediction/stage_<k>/<pass>_baseline` | `|W_stale - W_target|` |
+    | `prediction/stage_<k>/<pass>_ratio_mean` | per epoch, the mean of the sampled ratios |
+
+    `<pass>` is `forward` or `backward`. The prediction error is measured, not derived: see
+    `tf_spectrain.runtime.probe`. With a plain Keras model (the `single` and `dp` baselines)
+    only the `batch/*` and `epoch/*` tags are written (`batch/steps_per_second` instead of
+    `batch/images_per_second` when `batch_size` is None).
 
     Args:
         logdir: the directory for the event files (created if needed).
@@ -110,7 +114,11 @@ class Telemetry(keras.callbacks.Callback):
         self._started = self._ended = None
 
     def set_pipeline(self, pipeline):
-        """Called by `PipelineModel.fit`: watch this pipeline (through its read-only state)."""
+        """Called by `PipelineModel.fit`: watch this pipeline (through its read-only state).
+
+        Args:
+            pipeline: the `PipelineModel` being fitted.
+        """
         self.state = pipeline.state
 
     # --- helpers --------------------------------------------------------------------------
@@ -119,10 +127,9 @@ class Telemetry(keras.callbacks.Callback):
         tf.summary.scalar(tag, float(value), step=int(step))
 
     def _write_many(self, values, step):
-        """Writes `{tag: value}` in one graph call (a few eager ops per tag cost more).
-
-        Returns True when this call traced the graph (a one-time cost, not a logging cost).
-        """
+        """Writes `{tag: value}` in one graph call; True when this call traced the graph."""
+        # One graph call: a few eager ops per tag cost more. Tracing is a one-time cost, so
+        # the caller does not count it as a logging cost.
         tags = tuple(values)
         writer = self._writers_by_tags.get(tags)
         traced = writer is None
@@ -279,12 +286,10 @@ class Telemetry(keras.callbacks.Callback):
         self.probe_seconds = probe_seconds
 
     def _write_prediction_means(self, final=False):
-        """Mean ratio per stage and pass of each epoch whose measurements are complete.
-
-        Passes of the last mini-batches of an epoch may aim at versions that the stage
-        reaches in the next epoch (deep pipelines), so an epoch's mean is written one
-        epoch later, or at the end of training, at that epoch's step.
-        """
+        """Writes the mean ratio per stage and pass of each epoch whose measurements are done."""
+        # Passes of the last mini-batches of an epoch may aim at versions that the stage
+        # reaches in the next epoch (deep pipelines), so an epoch's mean is written one
+        # epoch later, or at the end of training (`final`), at that epoch's step.
         for key in sorted(k for k in self._epoch_ratios if final or k[0] < self._epoch):
             epoch, stage, kind = key
             ratios = [r for r in self._epoch_ratios.pop(key) if math.isfinite(r)]

@@ -66,7 +66,11 @@ class PipelineCheckpoint(keras.callbacks.Callback):
         self._batches = 0
 
     def set_pipeline(self, pipeline):
-        """Called by `PipelineModel.fit`: checkpoint the pipeline's stages."""
+        """Called by `PipelineModel.fit`: checkpoint the pipeline's stages.
+
+        Args:
+            pipeline: the `PipelineModel` being fitted.
+        """
         self.pipeline = pipeline
 
     def on_epoch_begin(self, epoch, logs=None):

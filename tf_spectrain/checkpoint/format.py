@@ -64,12 +64,28 @@ class UnreadableFile(CheckpointError):
 
 
 def checkpoint_name(epoch, batch):
-    """The directory name of the checkpoint of `(epoch, batch)`, e.g. `ckpt-e0003-b000017`."""
+    """Names the directory of the checkpoint of `(epoch, batch)`, e.g. `ckpt-e0003-b000017`.
+
+    Args:
+        epoch: completed epochs.
+        batch: mini-batches done in the epoch in progress.
+
+    Returns:
+        The directory name, as a str.
+    """
     return f"ckpt-e{epoch:04d}-b{batch:06d}"
 
 
 def parse_name(name):
-    """`(epoch, batch)` of a directory name written by `checkpoint_name`, else None."""
+    """Reads `(epoch, batch)` from a directory name written by `checkpoint_name`.
+
+    Args:
+        name: a directory name (not a path).
+
+    Returns:
+        `(epoch, batch)` as ints, or None if `checkpoint_name` would not write `name` (another
+        pattern, or other zero padding).
+    """
     match = _NAME_PATTERN.fullmatch(name)
     if not match:
         return None
@@ -81,11 +97,17 @@ def parse_name(name):
 
 
 def check_arrays(arrays):
-    """Checks `save_checkpoint`'s `arrays`; returns them as a dict of NumPy arrays.
+    """Checks `save_checkpoint`'s `arrays`.
+
+    Args:
+        arrays: a mapping of str keys to arrays (anything `np.asarray` converts).
+
+    Returns:
+        A dict of the same keys to NumPy arrays.
 
     Raises:
-        TypeError: `arrays` is not a dict with str keys, or a value has a dtype that
-            cannot be stored without pickling.
+        TypeError: `arrays` is not a mapping, a key is not a str, or a value cannot be
+            converted to an array or has a dtype that cannot be stored without pickling.
         ValueError: a key is empty, holds a NUL character or is not UTF-8 text.
     """
     if not isinstance(arrays, abc.Mapping):
@@ -122,10 +144,17 @@ def check_arrays(arrays):
 
 
 def check_metadata(metadata):
-    """Checks `save_checkpoint`'s `metadata`; returns it as JSON stores it (tuples as lists).
+    """Checks `save_checkpoint`'s `metadata`.
+
+    Args:
+        metadata: a mapping of JSON-serialisable values (dicts with str keys, lists, tuples,
+            str, int, float, bool, None).
+
+    Returns:
+        `metadata` as JSON stores it (a new dict; tuples as lists).
 
     Raises:
-        TypeError: `metadata` is not a dict, or not JSON-serialisable (the message names
+        TypeError: `metadata` is not a mapping, or not JSON-serialisable (the message names
             the offending key).
     """
     if not isinstance(metadata, abc.Mapping):
@@ -207,12 +236,17 @@ def write_arrays(path, arrays):
 
 
 def encode_info(epoch, batch, metadata, record):
-    """The bytes of `metadata.json` for a checkpoint of `(epoch, batch)`.
+    """Encodes the `metadata.json` of a checkpoint of `(epoch, batch)`.
 
     Args:
-        epoch, batch: the checkpoint's position.
+        epoch: completed epochs.
+        batch: mini-batches done in the epoch in progress.
         metadata: the caller's metadata, as `check_metadata` returns it.
         record: what `write_arrays` returned.
+
+    Returns:
+        The file's bytes: UTF-8 JSON with the format version, position, creation time (UTC),
+        `metadata` and `record`'s fields.
     """
     info = {
         "format_version": FORMAT_VERSION,
@@ -226,7 +260,17 @@ def encode_info(epoch, batch, metadata, record):
 
 
 def file_digest(path):
-    """`(size in bytes, SHA-256 hex digest)` of the file at `path`."""
+    """Measures and hashes the file at `path`.
+
+    Args:
+        path: the file.
+
+    Returns:
+        `(size in bytes, SHA-256 hex digest)`.
+
+    Raises:
+        OSError: if the file cannot be read (e.g. `FileNotFoundError`).
+    """
     with open(path, "rb") as file:
         digest = hashlib.file_digest(file, "sha256").hexdigest()
         return os.fstat(file.fileno()).st_size, digest
@@ -237,6 +281,9 @@ def file_digest(path):
 
 def read_info(path):
     """Reads and checks the `metadata.json` of the checkpoint directory `path`.
+
+    Args:
+        path: the checkpoint directory.
 
     Returns:
         The info dict (see `tf_spectrain.checkpoint.load_checkpoint`), without `"path"`.

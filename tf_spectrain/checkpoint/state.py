@@ -38,7 +38,14 @@ COMPARED = (
 
 
 def is_pipeline(trainer):
-    """True if `trainer` is a `tf_spectrain.PipelineModel`."""
+    """Tells whether `trainer` is a `tf_spectrain.PipelineModel`.
+
+    Args:
+        trainer: any object.
+
+    Returns:
+        True for a `PipelineModel`, else False.
+    """
     return isinstance(trainer, PipelineModel)
 
 

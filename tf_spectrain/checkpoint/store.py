@@ -89,6 +89,9 @@ def save_checkpoint(directory, arrays, metadata, *, epoch, batch=0, keep=3):
 def check_keep(keep):
     """Checks a number of checkpoints to keep: an int >= 1, or None for all.
 
+    Args:
+        keep: the value to check.
+
     Returns:
         `keep` as an int, or None.
 

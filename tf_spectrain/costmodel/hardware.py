@@ -87,8 +87,14 @@ class Hardware:
         A copy that changes `num_gpus` but not `concurrency` gets the default concurrency
         (all devices) again when this one had it.
 
+        Args:
+            **changes: new values of `Hardware` fields, by name.
+
+        Returns:
+            A new, checked `Hardware`.
+
         Raises:
-            TypeError, ValueError: as the constructor, or for an unknown field.
+            TypeError, ValueError: as the constructor, or (TypeError) for an unknown field.
         """
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)

@@ -53,6 +53,11 @@ class Estimate:
 def check_arguments(profile, hardware, batch_size):
     """Checks the arguments every prediction takes.
 
+    Args:
+        profile: should be a `ModelProfile`.
+        hardware: should be a `Hardware`.
+        batch_size: should be an int >= 1 (examples per mini-batch).
+
     Returns:
         `batch_size` as an int.
 
@@ -67,9 +72,17 @@ def check_arguments(profile, hardware, batch_size):
 
 
 def time_scale(profile, hardware, examples):
-    """The factor from profiled seconds to seconds on `hardware` for `examples` examples.
+    """Gives the factor from profiled seconds to seconds on `hardware` for `examples` examples.
 
     The arguments are not checked: callers pass what `check_arguments` accepted.
+
+    Args:
+        profile: a `ModelProfile` (its `batch_size` is the profiled batch).
+        hardware: a `Hardware` (its `relative_speed` divides the times).
+        examples: the examples to time (a number; fractions are fine).
+
+    Returns:
+        `examples / profile.batch_size / hardware.relative_speed`.
     """
     return examples / profile.batch_size / hardware.relative_speed
 

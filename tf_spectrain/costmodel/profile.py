@@ -260,6 +260,13 @@ class ModelProfile:
     def from_dict(cls, config):
         """Builds a profile from `to_dict`'s output.
 
+        Args:
+            config: a dict with keys "layers" (a list of `LayerProfile` field dicts) and
+                "batch_size", and optionally "name" (default "model").
+
+        Returns:
+            A `ModelProfile`.
+
         Raises:
             TypeError, ValueError: if `config` is not such a dict or holds invalid values.
         """

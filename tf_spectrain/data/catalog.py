@@ -87,6 +87,9 @@ def _check_name(name):
 def check_split(split):
     """Checks that `split` is `"train"` or `"test"`.
 
+    Args:
+        split: the value to check.
+
     Raises:
         ValueError: for anything else.
     """
@@ -95,10 +98,16 @@ def check_split(split):
 
 
 def check_data_dir(data_dir):
-    """Checks that `data_dir` is None or a path; returns it as a str (or None).
+    """Checks that `data_dir` is None or a path.
+
+    Args:
+        data_dir: the value to check.
+
+    Returns:
+        `data_dir` as a str, or None.
 
     Raises:
-        TypeError: if it is neither.
+        TypeError: if it is neither a path (str or `os.PathLike`) nor None.
     """
     if data_dir is None:
         return None

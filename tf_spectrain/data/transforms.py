@@ -22,10 +22,7 @@ _AUGMENT_SEED_OFFSET = 2**62
 
 
 def _bilinear_matrix(size_in, size_out):
-    """`[size_out, size_in]` bilinear interpolation weights with half-pixel centres.
-
-    The same sampling as `tf.image.resize(..., method="bilinear")` without antialiasing.
-    """
+    """`[size_out, size_in]` bilinear weights, as `tf.image.resize` samples without antialiasing."""
     centres = (np.arange(size_out) + 0.5) * (size_in / size_out) - 0.5
     centres = np.clip(centres, 0, size_in - 1)
     low = np.floor(centres).astype(int)
@@ -79,7 +76,18 @@ def digits_arrays():
 
 
 def stats(name):
-    """The per-channel `(mean, std)` of dataset `name`, as float32 arrays of shape [3]."""
+    """Gives the per-channel normalisation statistics of dataset `name`.
+
+    Args:
+        name: a dataset name: "digits" (computed from its training split) or a name in
+            `catalog.KNOWN_STATS`.
+
+    Returns:
+        `(mean, std)`, float32 arrays of shape [3].
+
+    Raises:
+        KeyError: for a name that is neither.
+    """
     mean, std = digits_arrays()[1] if name == "digits" else KNOWN_STATS[name]
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 
@@ -89,7 +97,18 @@ def stats(name):
 
 
 def to_unit_rgb32(image, label):
-    """Any source image -> float32 `[32, 32, 3]` in [0, 1]; label -> int32."""
+    """Brings any source image to float32 `[32, 32, 3]` in [0, 1], and its label to int32.
+
+    uint8 images are divided by 255; other sizes are resized (bilinear); grey images get
+    three equal channels.
+
+    Args:
+        image: an image tensor `[H, W, C]` (uint8 in [0, 255], or float in [0, 1]).
+        label: its label tensor.
+
+    Returns:
+        `(image, label)`.
+    """
     if image.dtype == tf.uint8:
         image = tf.cast(image, tf.float32) / 255.0
     if tuple(image.shape[:2]) != (IMAGE_SIZE, IMAGE_SIZE):
@@ -110,12 +129,21 @@ def _augment(image, seed, flip):
 
 
 def with_augmentation(examples, name, seed, rerandomize=True):
-    """`(image, label)` examples with the standard CIFAR augmentation of dataset `name`.
+    """Applies the standard CIFAR augmentation of dataset `name` to `(image, label)` examples.
 
     A 4-pixel black padding and a random 32x32 crop, and a left/right flip with
     probability 1/2 where a mirror image shows the same class. One fresh pair of seeds per
     example, deterministic for `seed`, new on each pass (unless `rerandomize` is False:
     then every pass draws the same).
+
+    Args:
+        examples: a `tf.data.Dataset` of `(image, label)`, images float32 `[32, 32, 3]`.
+        name: the dataset name (it decides whether images are flipped).
+        seed: the augmentation seed, an int in [0, 2**62).
+        rerandomize: whether each pass over the dataset draws new crops and flips.
+
+    Returns:
+        The augmented `tf.data.Dataset`.
     """
     seeds = tf.data.Dataset.random(
         seed=seed + _AUGMENT_SEED_OFFSET, rerandomize_each_iteration=rerandomize
@@ -128,7 +156,18 @@ def with_augmentation(examples, name, seed, rerandomize=True):
 
 
 def normalised(examples, name):
-    """`(image, label)` examples with each image channel normalised: `(x - mean) / std`."""
+    """Normalises each image channel of `(image, label)` examples: `(x - mean) / std`.
+
+    Args:
+        examples: a `tf.data.Dataset` of `(image, label)`, images float32 `[32, 32, 3]`.
+        name: the dataset name whose statistics are used (see `stats`).
+
+    Returns:
+        The normalised `tf.data.Dataset`.
+
+    Raises:
+        KeyError: for a dataset without known statistics.
+    """
     mean, std = stats(name)
     return examples.map(
         lambda image, label: ((image - mean) / std, label),
