@@ -260,11 +260,9 @@ def _callbacks(run, progress, telemetry):
 
 
 def _fit_segments(run):
-    """`(start_epoch, skip_batches, stop_epoch)` of each `fit` call of the run.
-
-    A run resumed in the middle of an epoch first finishes that epoch (a shorter one),
-    then trains the remaining epochs.
-    """
+    """`(start_epoch, skip_batches, stop_epoch)` of each `fit` call of the run."""
+    # A run resumed in the middle of an epoch first finishes that epoch (a shorter one),
+    # then trains the remaining epochs.
     start, skip, epochs = run.start_epoch, run.start_batch, run.config.epochs
     if start >= epochs:
         return []

@@ -110,11 +110,9 @@ def _allowed_ends(profile, allowed, num_stages):
 
 
 def _min_max(price, ends, num_stages):
-    """The least possible slowest-stage time.
-
-    `best[s][j]`: the least slowest-stage time splitting the layers that start at
-    `starts[j]` (after cut `ends[j-1]`, or layer 0 for j = 0) into `s` stages.
-    """
+    """The least possible slowest-stage time."""
+    # `best[s][j]`: the least slowest-stage time splitting the layers that start at
+    # `starts[j]` (after cut `ends[j-1]`, or layer 0 for j = 0) into `s` stages.
     last = price.last_layer
     starts = [0] + [e + 1 for e in ends]
     best = [price(a, last) for a in starts]  # one stage: everything to the end

@@ -158,10 +158,8 @@ def _model_parts(model):
 
 
 def _calls_by_operation(inputs, outputs):
-    """Maps id(operation) to the list of its nodes reachable from `outputs`.
-
-    The walk stops at the model's inputs, so it collects exactly the calls of the model.
-    """
+    """Maps id(operation) to the list of its nodes reachable from `outputs`."""
+    # The walk stops at the model's inputs, so it collects exactly the calls of the model.
     input_ids = {id(t) for t in inputs}
     calls_of = {}
     seen = set()
@@ -181,10 +179,8 @@ def _calls_by_operation(inputs, outputs):
 
 
 def _index_tensors(graph):
-    """All tensors in production order, with their producer and last-consumer positions.
-
-    Model outputs get `len(calls)` as last use, so they cross every cut after they exist.
-    """
+    """All tensors in production order, with their producer and last-consumer positions."""
+    # Model outputs get `len(calls)` as last use, so they cross every cut after they exist.
     tensors, produced, last_use = [], {}, {}
 
     def add(tensor, position):

@@ -55,11 +55,9 @@ def place_stages(stages, devices):
 
 
 def _clone_layer(layer):
-    """A fresh copy of `layer` (Keras' default), reusing a Lambda layer's Python function.
-
-    Re-creating a Lambda from its config would deserialise Python bytecode, which Keras
-    refuses in safe mode; the copy lives in the same process, so the function is reused.
-    """
+    """A fresh copy of `layer` (Keras' default), reusing a Lambda layer's Python function."""
+    # Re-creating a Lambda from its config would deserialise Python bytecode, which Keras
+    # refuses in safe mode; the copy lives in the same process, so the function is reused.
     if isinstance(layer, keras.layers.Lambda):
         return keras.layers.Lambda(
             layer.function,
@@ -131,13 +129,11 @@ def _check_models(models, arg_name):
 
 
 def _check_device(device, devices):
-    """Checks that `device` parses, names one device (type and index) and exists.
-
-    TensorFlow silently puts variables on another device when the requested local one
-    does not exist, so a typo would go unnoticed without this check; a device of a job
-    that is not connected fails deep inside TensorFlow instead. Devices of other jobs
-    exist once `tf.config.experimental_connect_to_cluster` has connected them.
-    """
+    """Checks that `device` parses, names one device (type and index) and exists."""
+    # TensorFlow silently puts variables on another device when the requested local one
+    # does not exist, so a typo would go unnoticed without this check; a device of a job
+    # that is not connected fails deep inside TensorFlow instead. Devices of other jobs
+    # exist once `tf.config.experimental_connect_to_cluster` has connected them.
     if not isinstance(device, str):
         raise TypeError(
             "`devices` must contain device names (strings). "

@@ -73,11 +73,9 @@ def _start_of(ends, j):
 
 
 def _min_max_cost(prefix, ends, num_stages):
-    """The smallest achievable largest-stage cost.
-
-    `best[j]` (for `s` stages): the smallest largest-stage cost of splitting the layers
-    after `ends[j]` into `s` stages; `j == len(ends)` stands for all the layers.
-    """
+    """The smallest achievable largest-stage cost."""
+    # `best[j]` (for `s` stages): the smallest largest-stage cost of splitting the layers
+    # after `ends[j]` into `s` stages; `j == len(ends)` stands for all the layers.
     n_ends = len(ends)
     last = n_ends - 1
     inf = math.inf
@@ -100,11 +98,9 @@ def _min_max_cost(prefix, ends, num_stages):
 
 
 def _even_cuts_within(prefix, ends, num_stages, bound):
-    """Cuts with every stage cost <= `bound` and the least sum of squared stage costs.
-
-    Ties go to the latest cut at each step, which yields the lexicographically
-    largest cut list among the optimal ones.
-    """
+    """Cuts with every stage cost <= `bound` and the least sum of squared stage costs."""
+    # Ties go to the latest cut at each step, which yields the lexicographically
+    # largest cut list among the optimal ones.
     n_ends = len(ends)
     last = n_ends - 1
     inf = math.inf

@@ -135,13 +135,11 @@ class StageRunner:
         return [v + steps * m for v, m in zip(self._tf_trainable, self._momenta)]
 
     def _run(self, weights, non_trainable, inputs, labels, scale):
-        """The stage at `weights`: `(outputs, penalty, new_state, logits)`.
-
-        `outputs` is the list of tensors to hand on (the last stage: `[loss * scale]`),
-        `penalty` the stage's own layer losses (weight regularizers, `add_loss`) times
-        `scale`, which `model.fit` adds to the loss, and `logits` the model output on the
-        last stage (else None).
-        """
+        """The stage at `weights`: `(outputs, penalty, new_state, logits)`."""
+        # `outputs` is the list of tensors to hand on (the last stage: `[loss * scale]`),
+        # `penalty` the stage's own layer losses (weight regularizers, `add_loss`) times
+        # `scale`, which `model.fit` adds to the loss, and `logits` the model output on the
+        # last stage (else None).
         outputs, new_state, losses = self.model.stateless_call(
             weights, non_trainable, one_or_list(inputs), training=True, return_losses=True
         )
