@@ -17,7 +17,15 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def metric_logs(loss_tracker, metrics):
-    """`{"loss": ..., <metric>: ...}` as floats, as Keras logs them."""
+    """Reads the loss tracker and metrics as Keras logs them.
+
+    Args:
+        loss_tracker: the `keras.metrics.Mean` of the loss.
+        metrics: Keras metrics; one that returns a dict adds all its entries.
+
+    Returns:
+        A dict `{"loss": ..., <metric>: ...}` of floats.
+    """
     logs = {"loss": float(loss_tracker.result())}
     for m in metrics:
         result = m.result()
@@ -54,7 +62,17 @@ class TrainLogs:
         return metric_logs(self.loss_tracker, self.metrics)
 
     def record(self, epoch, i, parts, on_nan):
-        """Adds mini-batch `i` (its `(loss, logits, labels)` parts) to the logs.
+        """Adds mini-batch `i` to the logs (unless its loss is not finite).
+
+        The stages' layer losses of the mini-batch are added to its loss, and the examples
+        are counted in `progress.images_seen` either way; a skipped mini-batch is counted in
+        `progress.batches_skipped`.
+
+        Args:
+            epoch: the epoch in progress.
+            i: the mini-batch's index in the epoch.
+            parts: its `(loss, logits, labels)` parts (one per micro-batch).
+            on_nan: "stop" or "skip": what a non-finite loss does.
 
         Raises:
             NonFiniteLossError: a non-finite loss with `on_nan="stop"`.
@@ -75,7 +93,17 @@ class TrainLogs:
                 m.update_state(labels, logits)
 
     def non_finite_message(self, epoch, i, loss):
-        """Where a non-finite loss came from: the first stage pass that produced one."""
+        """Describes where a non-finite loss came from: the first stage pass that produced one.
+
+        Args:
+            epoch: the epoch in progress.
+            i: the mini-batch's index in the epoch.
+            loss: the non-finite loss.
+
+        Returns:
+            The message: the step, the first non-finite stage pass (stage, device, pass,
+            mini-batch) and its learning rate when known, and what to try next.
+        """
         firsts = [(r.first_non_finite(), r) for r in self.runners]
         firsts = [(f, r) for f, r in firsts if f is not None]
         steps = self.progress.epoch_progress[2] if self.progress.epoch_progress else 0

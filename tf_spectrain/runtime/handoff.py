@@ -29,10 +29,22 @@ class Channel:
         self.name = name
 
     def put(self, item):
+        """Appends `item` to the queue (never blocks).
+
+        Args:
+            item: what to hand on.
+        """
         self._queue.put(item)
 
     def get(self):
-        """Returns the next item, waiting as long as the pipeline is not aborted."""
+        """Returns the next item, waiting as long as the pipeline is not aborted.
+
+        Returns:
+            The oldest item put and not yet taken.
+
+        Raises:
+            PipelineAborted: once the pipeline's `abort` event is set, even with items queued.
+        """
         while True:
             if self._abort.is_set():
                 raise PipelineAborted(f"pipeline aborted while waiting on {self.name}")
@@ -42,6 +54,7 @@ class Channel:
                 continue
 
     def empty(self):
+        """True if no item is waiting (at the time of the call)."""
         return self._queue.empty()
 
 
@@ -55,7 +68,14 @@ class FailureBox:
         self.where = None
 
     def record(self, error, where):
-        """Stores `error` (if it is the first real one) and aborts the pipeline."""
+        """Stores `error` (if it is the first real one) and aborts the pipeline.
+
+        A `PipelineAborted` is never stored: it is the consequence of another failure.
+
+        Args:
+            error: the exception a thread raised.
+            where: where it happened, for the note added when it is re-raised (e.g. "stage 1").
+        """
         with self._lock:
             if self.error is None and not isinstance(error, PipelineAborted):
                 self.error = error

@@ -14,7 +14,16 @@ from tf_spectrain.runtime.stage import as_list, one_or_list
 
 
 def infer(runners, x):
-    """Outputs of the stages chained in inference mode, and their summed layer losses."""
+    """Chains the stages in inference mode.
+
+    Args:
+        runners: the stages' `StageRunner`s, in order.
+        x: the model inputs (a tensor, or a list of them).
+
+    Returns:
+        `(outputs, penalty)`: the last stage's outputs (a tensor, or a list of them) and
+        the stages' summed layer losses, as a float.
+    """
     h, penalty = as_list(x), 0.0
     for runner in runners:
         h, stage_penalty = runner.infer(h)
@@ -23,10 +32,25 @@ def infer(runners, x):
 
 
 def evaluate_logs(runners, model, loss, metrics, data, batch_size, names=None):
-    """Loss and metrics on `data`: `(x, y)` arrays or a dataset of `(x, y)` batches.
+    """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of `(x, y)` batches.
 
-    Fresh copies of `metrics` are used, so the training metrics are left alone. Error
-    messages call the data `validation_data` unless `names` gives the names of `x` and `y`.
+    Fresh copies of `metrics` are used, so the training metrics are left alone. The loss
+    includes the stages' layer losses, as in training.
+
+    Args:
+        runners: the stages' `StageRunner`s, in order.
+        model: the wrapped Keras model (to check the data).
+        loss: the compiled loss.
+        metrics: the compiled metrics (copied from their config).
+        data: `(x, y)` as a tuple or list, or a `tf.data.Dataset` of `(x, y)` batches.
+        batch_size: for arrays; None for the default of 32.
+        names: how error messages call `x` and `y`; None: as parts of `validation_data`.
+
+    Returns:
+        A dict `{"loss": ..., <metric>: ...}` of floats.
+
+    Raises:
+        ValueError, TypeError: for a bad `data` or `batch_size` (see `batching.dataset`).
     """
     x, y = input_checks.unpack_validation_data(data)
     names = input_checks.validation_names(y) if names is None else names
@@ -42,11 +66,19 @@ def evaluate_logs(runners, model, loss, metrics, data, batch_size, names=None):
 
 
 def predict_dataset(model, x, batch_size):
-    """`(batches of x, whether x was a dataset)`, checked against the model's inputs.
+    """Batches `predict`'s `x`, checked against the model's inputs.
+
+    Args:
+        model: the wrapped Keras model.
+        x: input arrays, or a `tf.data.Dataset` of input or `(x, y[, w])` batches.
+        batch_size: for arrays; None for the default of 32 (ignored for a dataset).
+
+    Returns:
+        `(ds, is_dataset)`: the batches, and whether `x` was a dataset.
 
     Raises:
         ValueError, TypeError: for a bad `batch_size`, inputs that do not fit the model,
-            or a dataset that yields nothing.
+            or a dataset of 0 batches.
     """
     is_dataset = isinstance(x, tf.data.Dataset)
     if is_dataset:
@@ -61,7 +93,19 @@ def predict_dataset(model, x, batch_size):
 
 
 def collect_outputs(runners, ds, is_dataset):
-    """Runs `ds` through the stages; returns the outputs as one NumPy array."""
+    """Runs `ds` through the stages in inference mode.
+
+    Args:
+        runners: the stages' `StageRunner`s, in order.
+        ds: the batches, from `predict_dataset`.
+        is_dataset: whether `x` was a dataset (then `(x, y[, w])` batches give their `x`).
+
+    Returns:
+        The outputs of all batches, concatenated into one NumPy array.
+
+    Raises:
+        ValueError: if `ds` yields no batch.
+    """
     outputs = []
     for xb in ds:
         if is_dataset and isinstance(xb, tuple) and len(xb) in (2, 3):

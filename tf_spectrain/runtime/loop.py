@@ -14,7 +14,16 @@ from tf_spectrain.runtime.state import op_lists
 
 
 def keep_rules(plans, lists):
-    """For each stage, whether the forward of `(i, j)` keeps its activations."""
+    """Decides, for each stage, whether the forward of `(i, j)` keeps its activations.
+
+    Args:
+        plans: each stage's `modes.PassPlan`.
+        lists: each stage's instruction list for the epoch (from `op_lists`).
+
+    Returns:
+        A list of functions `keep((i, j)) -> bool`, one per stage: True when the backward of
+        `(i, j)` uses the same weights as its forward (see `PassPlan.same_weights`).
+    """
     rules = []
     for plan, ops in zip(plans, lists):
         seen = schedule.versions_seen(ops)
@@ -34,6 +43,10 @@ def sync_learning_rates(optimizers):
     Callbacks such as LearningRateScheduler or ReduceLROnPlateau change the learning rate
     of `model.optimizer` (the last stage's); the other stages follow at epoch starts.
     Schedules need nothing: each stage has its own copy.
+
+    Args:
+        optimizers: the stages' optimizers, the last stage's last; those of the other
+            stages are changed in place.
     """
     source = optimizers[-1]
     if isinstance(source.get_config()["learning_rate"], dict):
@@ -70,13 +83,23 @@ class FitLoop:
             run.request_stop()
 
     def run(self, initial_epoch, epochs, next_batches, validate=None):
-        """Trains epochs `initial_epoch..epochs-1`; returns the last epoch's logs.
+        """Trains epochs `initial_epoch..epochs-1` and calls the callbacks' hooks.
+
+        Stops early after an epoch in which a callback set `model.stop_training`.
 
         Args:
-            initial_epoch, epochs: the epoch range.
+            initial_epoch: the first epoch to train.
+            epochs: the epoch to stop before.
             next_batches: `epoch -> iterator of (x, y) mini-batches` of that epoch.
             validate: None, or a function returning the validation logs (without the
                 `val_` prefix), called at the end of each epoch that was not cut short.
+
+        Returns:
+            The last epoch's logs (`{}` if no epoch ran).
+
+        Raises:
+            NonFiniteLossError: a non-finite loss with `on_nan="stop"`.
+            Exception: whatever a stage thread or a callback raised, re-raised here.
         """
         pipe, callbacks = self.pipeline, self.callbacks
         callbacks.on_train_begin()

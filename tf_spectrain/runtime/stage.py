@@ -1,21 +1,8 @@
 """One pipeline stage: its sub-model on its device, its optimizer, and its three passes.
 
-A `StageRunner` executes the passes of SPECTRAIN.md section 5 for stage k:
-
-- `forward(key, x)`: runs the stage at the weights its `PassPlan` prescribes (the current
-  weights, or a prediction `W + s * m`), writes the new BatchNorm statistics, and keeps
-  what the backward will need. When the backward will use the very same weights, the
-  forward runs under a gradient tape that keeps its activations, so the backward costs no
-  recomputation; otherwise only the input (and the non-trainable state the forward saw,
-  so that dropout draws the same mask) is kept, and no activation is held.
-- `backward(key, d)`: the exact vector-Jacobian product at the backward weights, either
-  from the kept tape or by recomputing the forward at the backward weights; the weight
-  gradient is added to the stage's pending gradient and the input gradient is returned.
-- `update()`: applies the pending gradient to the current weights with the optimizer.
-
-The last stage computes the loss in its forward (its `d` is the loss itself). `key` is
-`(i, j)`: mini-batch i, micro-batch j. All TensorFlow work runs in `tf.function`s placed
-on the stage's device.
+`StageRunner` runs the forward, backward and update passes of SPECTRAIN.md section 5 for
+one stage; `build_runners` makes one per stage. All TensorFlow work runs in `tf.function`s
+placed on the stage's device.
 """
 
 import collections
@@ -28,10 +15,26 @@ from tf_spectrain import compile_utils
 
 
 def as_list(x):
+    """Returns `x` as a list: a list or tuple's items, else `[x]`.
+
+    Args:
+        x: a tensor, or a list or tuple of them.
+
+    Returns:
+        A new list.
+    """
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def one_or_list(xs):
+    """Returns the only item of `xs`, or `xs` as a list when it has several (or none).
+
+    Args:
+        xs: a list or tuple.
+
+    Returns:
+        `xs[0]` if `len(xs) == 1`, else `list(xs)`.
+    """
     return xs[0] if len(xs) == 1 else list(xs)
 
 
@@ -49,11 +52,18 @@ def _all_finite(tensors):
 
 
 def graph_function(method, reduce_retracing=True):
-    """`tf.function` of a stage's bound method, without the false retracing warning.
+    """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
     batch), but TensorFlow's frequent-retracing detector lumps them together and warns
     falsely; tests check the real trace counts instead, so the warning is turned off.
+
+    Args:
+        method: the function to wrap (a bound method of a `StageRunner`).
+        reduce_retracing: passed to `tf.function`.
+
+    Returns:
+        The `tf.function`.
     """
     function = tf.function(method, reduce_retracing=reduce_retracing)
     if hasattr(function, "_omit_frequent_tracing_warning"):
@@ -75,7 +85,21 @@ class _InFlight:
 
 
 class StageRunner:
-    """Runs the passes of one stage.
+    """Runs the passes of one stage (SPECTRAIN.md section 5).
+
+    - `forward(key, x)`: runs the stage at the weights its `PassPlan` prescribes (the current
+      weights, or a prediction `W + s * m`), writes the new BatchNorm statistics, and keeps
+      what the backward will need. When the backward will use the very same weights, the
+      forward runs under a gradient tape that keeps its activations, so the backward costs no
+      recomputation; otherwise only the input (and the non-trainable state the forward saw,
+      so that dropout draws the same mask) is kept, and no activation is held.
+    - `backward(key, d)`: the exact vector-Jacobian product at the backward weights, either
+      from the kept tape or by recomputing the forward at the backward weights; the weight
+      gradient is added to the stage's pending gradient and the input gradient is returned.
+    - `update()`: applies the pending gradient to the current weights with the optimizer.
+
+    The last stage computes the loss in its forward (its `d` is the loss itself). `key` is
+    `(i, j)`: mini-batch i, micro-batch j.
 
     Args:
         k: the stage index.
@@ -195,17 +219,20 @@ class StageRunner:
     # --- passes -------------------------------------------------------------------------
 
     def forward(self, key, inputs, keep_activations, labels=None, scale=1.0):
-        """Forward pass of `key`; returns the outputs to hand to the next stage.
-
-        On the last stage returns `(scaled_loss, logits)` instead.
+        """Forward pass of `key`, at the weights `W + s_f * m` of the stage's plan.
 
         Args:
             key: `(i, j)`.
-            inputs: the stage's input tensors (a list).
+            inputs: the stage's input tensors (a tensor or a list).
             keep_activations: True when the backward will use the same weights as this
                 forward, so the forward's activations are kept for it.
-            labels, scale: on the last stage, the labels and the factor the loss is
-                multiplied by (the micro-batch's share of the mini-batch).
+            labels: on the last stage, the labels; else None.
+            scale: on the last stage, the factor the loss is multiplied by (the micro-batch's
+                share of the mini-batch).
+
+        Returns:
+            The output tensors to hand to the next stage (a list); on the last stage
+            `(scaled_loss, logits)` instead.
         """
         start = time.perf_counter()
         inputs = as_list(inputs)
@@ -239,14 +266,19 @@ class StageRunner:
         return outputs
 
     def backward(self, key, grads_out=None):
-        """Backward pass of `key`; returns the gradient for the previous stage's outputs.
-
-        Stage 0 computes no input gradient and returns an empty list.
+        """Backward pass of `key`: adds its weight gradient to the stage's pending gradient.
 
         Args:
             key: `(i, j)`, whose forward has run.
             grads_out: the gradient of the loss w.r.t. this stage's outputs (a list);
                 None on the last stage.
+
+        Returns:
+            The gradient for the previous stage's outputs (a list); an empty list on stage 0,
+            which computes no input gradient.
+
+        Raises:
+            KeyError: if the forward of `key` has not run (or its backward already has).
         """
         start = time.perf_counter()
         record = self._inflight.pop(key)
@@ -287,7 +319,14 @@ class StageRunner:
             self._pending = [a + g for a, g in zip(self._pending, grads)]
 
     def update(self):
-        """Applies the pending gradient with the optimizer (one update of the stage)."""
+        """Applies the pending gradient with the optimizer (one update of the stage).
+
+        With `skip_non_finite`, a gradient that is not all finite is dropped instead (and
+        counted in `skipped`).
+
+        Raises:
+            RuntimeError: if no backward ran since the last update.
+        """
         start = time.perf_counter()
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: update without a backward before it")
@@ -302,7 +341,10 @@ class StageRunner:
             self.probe.after_update()
 
     def infer(self, inputs):
-        """Inference forward (training=False).
+        """Inference forward (training=False) at the current weights.
+
+        Args:
+            inputs: the stage's input tensors (a tensor or a list).
 
         Returns:
             `(outputs, penalty)`: the output tensors as a list, and the stage's layer
@@ -311,7 +353,15 @@ class StageRunner:
         return self._infer_fn(as_list(inputs))
 
     def current_weights(self, steps=0):
-        """The trainable weights `W + steps * m` as tensors (the current ones for 0)."""
+        """Computes the trainable weights `W + steps * m` as tensors on the stage's device.
+
+        Args:
+            steps: the version gap `s` (0: the current weights; > 0 needs momentum, i.e. a
+                stage whose plan predicts).
+
+        Returns:
+            A list of tensors, one per trainable variable.
+        """
         with tf.device(self.device):
             return self._weights(steps)
 
@@ -342,9 +392,20 @@ class StageRunner:
 
 
 def build_runners(stages, devices, plans, optimizer, loss):
-    """One `StageRunner` per stage, each with its own copy of `optimizer` built on its device.
+    """Builds one `StageRunner` per stage, each with its own copy of `optimizer` on its device.
 
     The last stage gets the loss.
+
+    Args:
+        stages: the placed stage sub-models, in order.
+        devices: each stage's device name.
+        plans: each stage's `modes.PassPlan`.
+        optimizer: the compiled optimizer (cloned per stage, see
+            `compile_utils.clone_optimizer`).
+        loss: the compiled loss.
+
+    Returns:
+        A list of `StageRunner`s, stage 0 first.
     """
     runners = []
     for k, (stage, device, plan) in enumerate(zip(stages, devices, plans)):

@@ -21,7 +21,18 @@ class Progress:
 
 
 def op_lists(mode, num_stages, num_batches, micro_batches=1):
-    """Each stage's instruction list for an epoch of `num_batches` mini-batches."""
+    """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
+
+    Args:
+        mode: the pipeline mode; "sync" gets `schedule.sync_ops`, the others
+            `schedule.async_ops`.
+        num_stages: the number of stages.
+        num_batches: mini-batches in the epoch.
+        micro_batches: GPipe micro-batches per mini-batch (sync only).
+
+    Returns:
+        A list of `num_stages` instruction lists, stage 0 first.
+    """
     if mode == "sync":
         return [
             schedule.sync_ops(k, num_stages, num_batches, micro_batches) for k in range(num_stages)
@@ -65,30 +76,43 @@ class PipelineState:
 
     @property
     def devices(self):
+        """The stages' devices, as a tuple."""
         return tuple(self._pipeline.devices)
 
     @property
     def cuts(self):
+        """The names of the layers that end each stage but the last, as a tuple."""
         return tuple(self._pipeline.cuts)
 
     @property
     def plans(self):
+        """Each stage's `modes.PassPlan`, as a tuple."""
         return tuple(self._pipeline.plans)
 
     @property
     def runners(self):
+        """Each stage's `StageRunner`, as a tuple (empty before `compile`)."""
         return tuple(self._pipeline.runners or ())
 
     @property
     def stage_optimizers(self):
+        """Each stage's optimizer, as a tuple (empty before `compile`)."""
         return tuple(r.optimizer for r in self.runners)
 
     @property
     def timelines(self):
+        """Per stage, the `(kind, key, start, end)` of every pass of the epoch, as tuples."""
         return tuple(tuple(r.timeline) for r in self.runners)
 
     def op_lists(self, num_batches):
-        """Each stage's instruction list for an epoch of `num_batches` mini-batches."""
+        """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
+
+        Args:
+            num_batches: mini-batches in the epoch.
+
+        Returns:
+            A list of instruction lists, stage 0 first (see `runtime.state.op_lists`).
+        """
         p = self._pipeline
         return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches)
 
