@@ -1,24 +1,7 @@
 """Runs one epoch of a pipeline: one thread per stage, each walking its instruction list.
 
-Stage k's thread executes `ops[k]` (from `tf_spectrain.schedule`) in order. Activations go
-from stage k to k+1 and gradients from k+1 to k through blocking `Channel`s, so data
-dependencies, not timing, order the work; which weights each pass uses therefore depends only
-on each stage's own order, as SPECTRAIN.md requires. Stage threads issue their passes to
-their own devices, so the passes of different stages overlap in time.
-
-Stage 0 pulls mini-batches from the data iterator and sends their labels straight to the
-last stage. The last stage reports each mini-batch's loss and predictions to the caller's
-thread, which runs the Keras callbacks. The epoch ends when every thread has finished its
-list: the pipeline is drained and every backward has been applied.
-
-Any exception in any thread aborts the whole pipeline at once (blocked hand-offs wake up and
-stop) and is re-raised in the caller's thread with its original traceback and a note naming
-the stage, the pass and the mini-batch.
-
-`request_stop()` ends the epoch early but cleanly: stage 0 feeds no further mini-batch, a
-stop marker follows the last one down the pipeline, every stage skips the passes of the
-mini-batches that were never fed, and the ones in flight finish and update (the drain). The
-result is exactly the schedule of a shorter epoch.
+`EpochRun` holds an epoch's threads, hand-offs and failure handling; `split_batch` cuts a
+mini-batch into GPipe micro-batches.
 """
 
 import threading
@@ -32,9 +15,18 @@ STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
 
 
 def split_batch(x, parts):
-    """Splits a batch (tensor or list of tensors) into `parts` nearly equal slices.
+    """Splits a batch into `parts` nearly equal slices along the batch axis.
 
-    Returns a list of `(slice, size)`; sizes differ by at most one (the first are larger).
+    Args:
+        x: a tensor, or a list or tuple of tensors of the same batch size.
+        parts: the number of slices (micro-batches), an int >= 1.
+
+    Returns:
+        A list of `(slice, size)`; sizes differ by at most one (the first are larger), and
+        each slice is a tensor, or a list of tensors when `x` is a list or tuple.
+
+    Raises:
+        ValueError: if the batch has fewer than `parts` examples.
     """
     xs = x if isinstance(x, (list, tuple)) else [x]
     n = int(xs[0].shape[0])
@@ -56,6 +48,17 @@ def split_batch(x, parts):
 
 class EpochRun:
     """The shared state of one epoch: channels, the failure box, the data feed.
+
+    Stage k's thread executes `ops[k]` (from `tf_spectrain.schedule`) in order. Activations go
+    from stage k to k+1 and gradients from k+1 to k through blocking `Channel`s, so data
+    dependencies, not timing, order the work; which weights each pass uses therefore depends
+    only on each stage's own order, as SPECTRAIN.md requires. Stage threads issue their passes
+    to their own devices, so the passes of different stages overlap in time.
+
+    Stage 0 pulls mini-batches from the data iterator and sends their labels straight to the
+    last stage. The last stage reports each mini-batch's loss and predictions to the caller's
+    thread, which runs the Keras callbacks. The epoch ends when every thread has finished its
+    list: the pipeline is drained and every backward has been applied.
 
     Args:
         runners: the `StageRunner`s, stage 0 first.
@@ -88,7 +91,13 @@ class EpochRun:
         self.fed = None  # set to the number of mini-batches fed when stopped early
 
     def request_stop(self):
-        """Feeds no further mini-batch; the epoch ends once those in flight are done."""
+        """Feeds no further mini-batch; the epoch ends once those in flight are done.
+
+        Stage 0 stops feeding, a stop marker follows the last fed mini-batch down the pipeline,
+        every stage skips the passes of the mini-batches that were never fed, and the ones in
+        flight finish and update (the drain): exactly the schedule of a shorter epoch. Safe to
+        call from any thread.
+        """
         self._stop.set()
 
     # --- stage threads ------------------------------------------------------------------
@@ -197,9 +206,19 @@ class EpochRun:
     def run(self, on_batch):
         """Runs the epoch; calls `on_batch(i, parts)` in this thread as results arrive.
 
-        `parts` is a list of `(scaled_loss, logits, labels)` per micro-batch. `on_batch` may
-        call `request_stop()`.
-        Returns when the pipeline has drained; re-raises the first failure of any stage.
+        Any exception in any thread (or in `on_batch`) aborts the whole pipeline at once:
+        blocked hand-offs wake up and stop, and the stages forget their in-flight state.
+
+        Args:
+            on_batch: called with mini-batch `i` and `parts`, a list of
+                `(scaled_loss, logits, labels)` per micro-batch; it may call `request_stop()`.
+
+        Raises:
+            BaseException: the first failure of any stage thread or of `on_batch`, with its
+                original traceback, once every thread has ended; a stage's failure has a
+                note naming the stage, the pass and the mini-batch, one of `on_batch` a note
+                naming the training loop (unless the error says where itself).
+            ValueError: from stage 0, if `batches` runs out before the epoch's mini-batches.
         """
         threads = [
             threading.Thread(target=self._thread_main, args=(k,), name=f"stage-{k}", daemon=True)

@@ -1,23 +1,8 @@
 """Measures how far the weights a pass used are from the weights it aimed at.
 
-SpecTrain predicts, for a pass of mini-batch i on stage k, the weights the stage will hold
-`h` updates later (`W_hat = W + s * m`). Whether the prediction is good can only be seen
-later: when the stage has really applied those `h` updates, the probe compares
-
-    error    = |W_used  - W_target|     (the weights the pass computed with)
-    baseline = |W_stale - W_target|     (the stage's weights at the time of the pass,
-                                         which naive pipelining would have used)
-
-with `|.|` the L2 norm over all the stage's trainable weights, and reports
-`ratio = error / baseline` (below 1: the prediction beats using stale weights; 0: perfect).
-For vanilla and stash, which do not predict, `W_used == W_stale` and the distance is the
-staleness itself. The horizon `h` of each pass comes from `modes.probe_horizons`.
-
-The probe runs in the stage's own thread, on sampled mini-batches only: it copies the used
-and the current weights on the stage's device when the pass runs (one copy where they are
-the same) and computes the two norms right after the update that reaches the target
-version, in `tf.function`s, without waiting for the results: the main thread reads them
-when it takes the results. `seconds` counts the time the probe adds to the stage's thread.
+`WeightProbe`, attached to a stage by the `Telemetry` callback, samples passes and
+compares their weights with the weights the stage really reaches later; its docstring
+says what is measured.
 """
 
 import threading
@@ -34,6 +19,25 @@ def _distance(a, b):
 
 class WeightProbe:
     """Samples passes of one stage and measures their weight error.
+
+    SpecTrain predicts, for a pass of mini-batch i on stage k, the weights the stage will hold
+    `h` updates later (`W_hat = W + s * m`). Whether the prediction is good can only be seen
+    later: when the stage has really applied those `h` updates, the probe compares
+
+        error    = |W_used  - W_target|     (the weights the pass computed with)
+        baseline = |W_stale - W_target|     (the stage's weights at the time of the pass,
+                                             which naive pipelining would have used)
+
+    with `|.|` the L2 norm over all the stage's trainable weights, and reports
+    `ratio = error / baseline` (below 1: the prediction beats using stale weights; 0: perfect).
+    For vanilla and stash, which do not predict, `W_used == W_stale` and the distance is the
+    staleness itself. The horizon `h` of each pass comes from `modes.probe_horizons`.
+
+    The probe runs in the stage's own thread, on sampled mini-batches only: it copies the used
+    and the current weights on the stage's device when the pass runs (one copy where they are
+    the same) and computes the two norms right after the update that reaches the target
+    version, in `tf.function`s, without waiting for the results: the main thread reads them
+    when it takes the results. `seconds` counts the time the probe adds to the stage's thread.
 
     Args:
         runner: the stage's `StageRunner` (weights, device, plan, update count).
@@ -90,7 +94,14 @@ class WeightProbe:
         )
 
     def after_forward(self, key, steps):
-        """Called by the stage after the forward of `key`, which used `W + steps * m`."""
+        """Called by the stage after the forward of `key`: snapshots the weights it used.
+
+        Only the first micro-batch of sampled mini-batches is measured.
+
+        Args:
+            key: `(i, j)` of the pass.
+            steps: the forward's version gap: it used `W + steps * m`.
+        """
         if not self._sampled(key):
             return
         h_f, h_b = self.horizons
@@ -106,7 +117,13 @@ class WeightProbe:
         self.seconds += time.perf_counter() - start
 
     def after_backward(self, key, steps):
-        """Called after the backward of `key`; `steps` is its gap, None when it reused."""
+        """Called by the stage after the backward of `key`: snapshots the weights it used.
+
+        Args:
+            key: `(i, j)` of the pass.
+            steps: the backward's version gap, or None when it reused the forward's weights
+                (then the snapshot `after_forward` stashed is used).
+        """
         if not self._sampled(key):
             return
         h_b = self.horizons[1]
