@@ -1,20 +1,8 @@
 """`SpecTrainSGD`: momentum SGD that can also predict weights a few updates ahead.
 
 SpecTrain (SPECTRAIN.md, sections 4 and 6) predicts the weights a pass should have used as
-`W_hat = W + s * m`: the stage's last momentum step `m`, repeated `s` times. This module
-provides the optimizer that owns `m`:
-
-- Its update rule is exactly that of `keras.optimizers.SGD` with `nesterov=False`
-  (`m = momentum * m - lr * g; W = W + m`), so a plain `model.fit` gives the same weights
-  as Keras' SGD. Learning-rate schedules, weight decay, gradient clipping, loss scaling,
-  gradient accumulation and EMA all come from the Keras base class unchanged.
-- `momentum_of(variable)` is a public, stable lookup of a variable's momentum slot.
-- `predicted_weights(variables, steps)` returns `W + steps * m` without changing any state.
-- `clone_for_stage()` gives each pipeline stage its own optimizer with the same settings.
-
-The momentum slot exists for every trainable variable, also with `momentum=0`, where it
-holds the last step taken (`m = -lr * g`), so that prediction means "repeat the last step"
-for every momentum.
+`W_hat = W + s * m`: the stage's last momentum step `m`, repeated `s` times. `SpecTrainSGD`
+is the optimizer that owns `m`; its docstring says how it updates and predicts.
 """
 
 import numbers
@@ -96,6 +84,10 @@ class SpecTrainSGD(keras.optimizers.Optimizer):
     w = w + m
     ```
 
+    so a plain `model.fit` gives the same weights as Keras' SGD. Learning-rate schedules,
+    weight decay, gradient clipping, loss scaling, gradient accumulation and EMA all come
+    from the Keras base class unchanged.
+
     With `momentum=0` the slot still exists and holds the last step, `m = -learning_rate * g`,
     and `w = w + m` is then Keras' `w = w - learning_rate * g` exactly. (A sparse gradient,
     e.g. of an `Embedding`, is then applied densely, so `m` is 0 in rows without gradient;
@@ -103,7 +95,9 @@ class SpecTrainSGD(keras.optimizers.Optimizer):
 
     On top of that, `predicted_weights(variables, s)` returns `w + s * m`: the weights after
     `s` more steps if each repeated the last momentum step (the paper's rule, SPECTRAIN.md
-    section 4). Before the first update `m = 0`, so the prediction is `w`.
+    section 4). Before the first update `m = 0`, so the prediction is `w`. The slot of every
+    trainable variable is looked up with `momentum_of(variable)`, and `clone_for_stage()`
+    gives each pipeline stage its own optimizer with the same settings.
 
     Momentum slots are created beside their weights: on the variable's own device, also
     when the optimizer is built lazily inside a `tf.function` (outside a `tf.distribute`

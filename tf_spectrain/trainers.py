@@ -18,7 +18,17 @@ from tf_spectrain.pipeline_model import PipelineModel
 
 
 def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
-    """Momentum SGD of class `cls`; a `weight_decay` of 0 means none (as None does)."""
+    """Builds momentum SGD of class `cls`; a `weight_decay` of 0 means none (as None does).
+
+    Args:
+        cls: the optimizer class (`keras.optimizers.SGD` or `SpecTrainSGD`).
+        learning_rate: the learning rate.
+        momentum: the momentum.
+        weight_decay: the weight decay, or 0 or None for none.
+
+    Returns:
+        A new `cls` instance.
+    """
     return cls(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay or None)
 
 
@@ -103,10 +113,24 @@ def build_trainer(
 
 
 def keras_model(trainer):
-    """The Keras model a trainer trains: the `PipelineModel`'s `model`, or the trainer."""
+    """Gives the Keras model a trainer trains.
+
+    Args:
+        trainer: a `PipelineModel` or a `keras.Model`.
+
+    Returns:
+        The `PipelineModel`'s `model`, or `trainer` itself.
+    """
     return trainer.model if isinstance(trainer, PipelineModel) else trainer
 
 
 def optimizers(trainer):
-    """A trainer's optimizers: a pipeline's one per stage, else the model's one."""
+    """Gives a trainer's optimizers.
+
+    Args:
+        trainer: a compiled `PipelineModel` or `keras.Model`.
+
+    Returns:
+        A pipeline's optimizers, one per stage, else `[trainer.optimizer]`.
+    """
     return trainer.stage_optimizers if isinstance(trainer, PipelineModel) else [trainer.optimizer]

@@ -1,20 +1,8 @@
 """One training run as `train.py` does it: devices, data, model, fit, evaluate.
 
-`prepare(config)` sets up devices, data and the model (raising `ValueError` for input that
-only the model can check, such as `--cuts`, before any training), and `train(run)` fits
-and evaluates. `config` is a `tf_spectrain.config.RunConfig`: the checked flags of
-`train.py`, defaults resolved. The trainers come from `tf_spectrain.trainers`. Modes:
-
-- `single`: the whole model on the first device, plain `model.fit`.
-- `dp`: data parallelism over all devices with `tf.distribute.MirroredStrategy`, the
-  baseline the SpecTrain paper compares against (each step all-reduces every gradient).
-- `sync`, `vanilla`, `stash`, `spectrain`: a pipeline of `--gpus` stages
-  (`tf_spectrain.PipelineModel`), see SPECTRAIN.md.
-
-Every mode writes TensorBoard scalars (`tf_spectrain.callbacks.Telemetry`), saves a
-checkpoint at every epoch end (`tf_spectrain.callbacks.PipelineCheckpoint`) and can resume
-from the newest one exactly: the training data of epoch `e` depends only on the seed and `e`
-(`tf_spectrain.data.load_epochs`), so a resumed run sees the same data as an uninterrupted one.
+`prepare(config)` sets up devices, data and the trainer of `config.mode` (built by
+`tf_spectrain.trainers`), checking what only the model can check before any training;
+`train(run)` fits, evaluates and exports; `run(config)` does both.
 """
 
 import dataclasses
@@ -83,6 +71,7 @@ class _Progress(keras.callbacks.Callback):
 
     @property
     def images_per_second(self):
+        """Training images per second over the epochs so far (0.0 before any)."""
         return self.images / self.seconds if self.seconds else 0.0
 
 
@@ -126,12 +115,28 @@ class Run:
 
 
 def make_sgd(config, cls=keras.optimizers.SGD):
-    """Momentum SGD of class `cls` with the run's `lr`, `momentum` and `weight_decay`."""
+    """Builds momentum SGD of class `cls` with the run's `lr`, `momentum` and `weight_decay`.
+
+    Args:
+        config: the run's `RunConfig`.
+        cls: the optimizer class (`keras.optimizers.SGD` or `SpecTrainSGD`).
+
+    Returns:
+        The optimizer (a weight decay of 0 means none).
+    """
     return trainers.sgd(cls, config.lr, config.momentum, config.weight_decay)
 
 
 def run_facts(config):
-    """The settings a checkpoint records and a resumed run must share."""
+    """Gives the settings a checkpoint records and a resumed run must share.
+
+    Args:
+        config: the run's `RunConfig`.
+
+    Returns:
+        A dict of `model_name`, `dataset`, `batch_size`, `limit` and `seed` (they fix the
+        model and the data order).
+    """
     return {
         "model_name": config.model,
         "dataset": config.dataset,
@@ -154,6 +159,13 @@ def _restore(run):
 def prepare(config):
     """Sets up devices, data and the compiled model or pipeline described by `config`.
 
+    The modes: `single` (the whole model on the first device, plain `model.fit`), `dp`
+    (data parallelism over all devices with `tf.distribute.MirroredStrategy`, the baseline
+    the SpecTrain paper compares against) and the pipelines `sync`, `vanilla`, `stash`,
+    `spectrain` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see SPECTRAIN.md). With
+    `resume`, the newest checkpoint is restored (with this run's `--lr`); without it, a
+    checkpoint directory that already holds checkpoints is refused (when checkpoints are on).
+
     Args:
         config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`), or an object
             with the same attributes (an `argparse.Namespace`), checked into one.
@@ -164,7 +176,9 @@ def prepare(config):
     Raises:
         ValueError, TypeError: for bad settings (`config.ConfigError`), and for input
             that only the data or the model can check (a last mini-batch too small for
-            `--micro-batches`, the names in `--cuts`), before any training.
+            `--micro-batches`, the names in `--cuts`), before any training; also for a
+            checkpoint that cannot be resumed, or (without `resume`) a checkpoint directory
+            that holds checkpoints already.
     """
     config = as_run_config(config)
     started = time.perf_counter()
@@ -208,7 +222,14 @@ def prepare(config):
 
 
 def describe(run):
-    """One line saying what will be trained where, e.g. the pipeline's stages and cuts."""
+    """Describes in one line what will be trained where, e.g. the pipeline's stages and cuts.
+
+    Args:
+        run: the `Run` from `prepare`.
+
+    Returns:
+        The line (with the checkpoint and position when the run resumes).
+    """
     config = run.config
     what = f"{config.model} on {config.dataset} ({run.num_train} training images)"
     if isinstance(run.trainer, PipelineModel):
@@ -232,8 +253,13 @@ def _resume_note(run):
 
 
 def request_stop(run):
-    """Stops a running `train(run)` cleanly (from a signal handler or another thread):
-    the mini-batches in flight finish, a checkpoint is saved, `train` returns."""
+    """Stops a running `train(run)` cleanly (from a signal handler or another thread).
+
+    The mini-batches in flight finish, a checkpoint is saved, and `train` returns.
+
+    Args:
+        run: the `Run` being trained.
+    """
     run.stop_requested = True
     if isinstance(run.trainer, PipelineModel):
         run.trainer.request_stop()
@@ -275,12 +301,29 @@ def _fit_segments(run):
 
 
 def train(run):
-    """Fits and evaluates a prepared run; returns a summary dict.
+    """Fits and evaluates a prepared run, writing telemetry and checkpoints.
+
+    Every mode writes TensorBoard scalars (`tf_spectrain.callbacks.Telemetry`), saves a
+    checkpoint at every epoch end (`tf_spectrain.callbacks.PipelineCheckpoint`) and can resume
+    from the newest one exactly: the training data of epoch `e` depends only on the seed and
+    `e` (`tf_spectrain.data.load_epochs`), so a resumed run sees the same data as an
+    uninterrupted one. A run resumed in the middle of an epoch finishes that epoch first.
+
+    Args:
+        run: the `Run` from `prepare`.
 
     Returns:
-        A dict with `test_accuracy`, `test_loss`, `images_per_second`, `wall_time` (s,
-        from the start of `prepare`), `history` (the Keras history dict), `devices`,
-        `model` (the trained Keras model) and, for pipelines, `cuts`.
+        A dict with `interrupted` (stopped by `request_stop` before the last epoch ended),
+        `checkpoint` (the newest checkpoint written, or None), `images_per_second`,
+        `history` (the Keras history dict), `devices`, `model` (the trained Keras model),
+        `telemetry` (the `Telemetry` callback), `wall_time` (s, from the start of
+        `prepare`) and, for pipelines, `cuts`. When interrupted it also has `stopped_at`
+        (`(epoch, mini-batches done, mini-batches per epoch)`); otherwise `test_accuracy`,
+        `test_loss` and, unless `--export none`, `export` (the saved model's path).
+
+    Raises:
+        NonFiniteLossError: training met a non-finite loss with `--on-nan stop`.
+        CheckpointWriteError: a checkpoint could not be written.
     """
     config = run.config
     progress = _Progress(run)
@@ -353,7 +396,14 @@ def train(run):
 
 
 def export_model(model, path):
-    """`model.save(path)` atomically: a kill while saving never leaves a broken file."""
+    """Saves `model` to `path` atomically: a kill while saving never leaves a broken file.
+
+    The model is saved to a hidden file beside `path`, then renamed to it.
+
+    Args:
+        model: the Keras model.
+        path: the file to write (a `.keras` name).
+    """
     folder, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
     try:
@@ -365,5 +415,15 @@ def export_model(model, path):
 
 
 def run(config):
-    """`prepare` then `train`: one whole run of `train.py`."""
+    """Runs `prepare` then `train`: one whole run of `train.py`.
+
+    Args:
+        config: as `prepare` takes it.
+
+    Returns:
+        `train`'s summary dict.
+
+    Raises:
+        As `prepare` and `train`.
+    """
     return train(prepare(config))

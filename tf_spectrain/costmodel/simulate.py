@@ -1,23 +1,8 @@
 """Timed run of the asynchronous 1F1B schedule with per-stage pass durations (pure Python).
 
 `tf_spectrain.schedule.clock_table` runs the schedule in lock-step slots of equal length;
-here every pass takes its own time and hand-offs take time too, so the result is the
-wall-clock length of one epoch of `T` mini-batches, fill and drain included.
-
-Each stage walks `schedule.async_ops(k, N, T)` in order and starts a pass as soon as the
-stage is free and the pass's input has arrived: `F(i)` on stage k > 0 needs the activation
-of `F(i)` from stage k - 1; `B(i)` on stage k < N - 1 needs the gradient of `B(i)` from
-stage k + 1 (on the last stage, its own `F(i)` came before it in its list). Updates take no
-time of their own (count them into the backward time).
-
-Two models of a hand-off (`overlap`):
-
-- `False`: the sender is busy while it sends, so a stage's forward takes
-  `forward + send_forward` and its backward `backward + send_backward`; the receiver gets
-  the data when the sender's pass ends.
-- `True`: sending runs beside compute on a link of its own (copy engines, full duplex): a
-  transfer starts when the pass ends and its link direction is free, one transfer after
-  another, and arrives `send` seconds later.
+here every pass takes its own time and hand-offs take time too: `simulate_epoch` gives the
+wall-clock length of one epoch, `steady_cycle` the time per mini-batch in steady state.
 """
 
 from tf_spectrain import checks, schedule
@@ -55,6 +40,21 @@ def _check_pipeline(forward, backward, send_forward, send_backward):
 def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, overlap=False):
     """Returns the seconds one epoch of the asynchronous schedule takes, drained.
 
+    Each stage walks `schedule.async_ops(k, N, T)` in order and starts a pass as soon as the
+    stage is free and the pass's input has arrived: `F(i)` on stage k > 0 needs the
+    activation of `F(i)` from stage k - 1; `B(i)` on stage k < N - 1 needs the gradient of
+    `B(i)` from stage k + 1 (on the last stage, its own `F(i)` came before it in its list).
+    Updates take no time of their own (count them into the backward time).
+
+    Two models of a hand-off (`overlap`):
+
+    - `False`: the sender is busy while it sends, so a stage's forward takes
+      `forward + send_forward` and its backward `backward + send_backward`; the receiver
+      gets the data when the sender's pass ends.
+    - `True`: sending runs beside compute on a link of its own (copy engines, full
+      duplex): a transfer starts when the pass ends and its link direction is free, one
+      transfer after another, and arrives `send` seconds later.
+
     Args:
         forward, backward: lists of N per-stage durations (seconds) of one forward and one
             backward pass of a mini-batch, stage 0 first.
@@ -62,7 +62,7 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
             k + 1.
         send_backward: N - 1 durations: sending the gradients from stage k + 1 to k.
         num_batches: `T`, the mini-batches in the epoch, an int >= 1.
-        overlap: whether hand-offs run beside compute (see the module docstring).
+        overlap: whether hand-offs run beside compute (see above).
 
     Returns:
         The time from the first forward's start to the last backward's end, in seconds.

@@ -1,24 +1,8 @@
 """Pure planning of default cut points: balance per-layer costs over pipeline stages.
 
-No TensorFlow or Keras here: the planner sees a list of per-layer costs (parameter
+No TensorFlow or Keras here: `plan_cuts` sees a list of per-layer costs (parameter
 counts, in topological order) and the positions where a stage may end, and picks the
-stage ends. A "position" is an index into `costs`; cutting at position `p` ends a stage
-after layer `p`, so `num_stages - 1` strictly increasing cut positions split the layers
-into `num_stages` non-empty consecutive stages.
-
-The choice, in order of priority:
-
-1. the largest stage cost is as small as possible (the pipeline runs at the pace of its
-   slowest stage);
-2. among those splits, the sum of squared stage costs is smallest (the most even one, so
-   the small stages do not all pile up at one end);
-3. among those, the cut list that is largest lexicographically (later cuts). Ties come
-   from weightless layers (activations, pooling, flatten): this rule keeps such a layer
-   with the stage of the layer it follows, so cuts land after a pooling layer (where the
-   crossing tensor is smallest) and after a residual block's final activation.
-
-Each of the three is solved exactly by dynamic programming over the allowed positions,
-in `O(num_stages * len(allowed) ** 2)` time.
+stage ends.
 """
 
 import math
@@ -27,6 +11,23 @@ import numbers
 
 def plan_cuts(costs, num_stages, allowed=None):
     """Chooses where to cut a chain of layers into `num_stages` balanced stages.
+
+    A "position" is an index into `costs`; cutting at position `p` ends a stage after
+    layer `p`, so `num_stages - 1` strictly increasing cut positions split the layers into
+    `num_stages` non-empty consecutive stages. The choice, in order of priority:
+
+    1. the largest stage cost is as small as possible (the pipeline runs at the pace of
+       its slowest stage);
+    2. among those splits, the sum of squared stage costs is smallest (the most even one,
+       so the small stages do not all pile up at one end);
+    3. among those, the cut list that is largest lexicographically (later cuts). Ties come
+       from weightless layers (activations, pooling, flatten): this rule keeps such a
+       layer with the stage of the layer it follows, so cuts land after a pooling layer
+       (where the crossing tensor is smallest) and after a residual block's final
+       activation.
+
+    Each of the three is solved exactly by dynamic programming over the allowed
+    positions, in `O(num_stages * len(allowed) ** 2)` time.
 
     Args:
         costs: sequence of non-negative finite numbers, the cost of each layer in order

@@ -123,8 +123,14 @@ def async_ops(k, num_stages, num_batches):
     """Returns the asynchronous (one-forward-one-backward) instruction list of stage k.
 
     `F(0) .. F(w_k - 1)`, then for `i = 0 .. T-1`: `B(i)`, `U(i)`, and `F(i + w_k)` while
-    `i + w_k < T` (SPECTRAIN.md section 3). Every mini-batch is forwarded and backwarded
-    exactly once, so the list ends drained: no mini-batch is left in flight.
+    `i + w_k < T` (SPECTRAIN.md section 3), with `w_k = min(N - k, T)` warm-up forwards.
+    Every mini-batch is forwarded and backwarded exactly once, so the list ends drained: no
+    mini-batch is left in flight. For N = 3 in lock-step slots (`clock_table`; updates not
+    shown):
+
+        stage 0: F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 ...
+        stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 ...
+        stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 ...
 
     Args:
         k: the stage index, `0 <= k < num_stages`.
