@@ -4,13 +4,16 @@ import difflib
 
 
 def did_you_mean(value, choices, ignore_case=False, cutoff=0.6):
-    """`"; did you mean 'x'?"` for the choice closest to `value`, or `""` if none is close.
+    """Builds `"; did you mean 'x'?"` for the choice closest to `value`.
 
     Args:
         value: what the user passed (a non-string never gets a hint).
         choices: the valid names.
         ignore_case: compare `value` in lower case (the choices are lower case).
         cutoff: `difflib.get_close_matches`' similarity threshold in [0, 1].
+
+    Returns:
+        The hint, or `""` if no choice is close enough.
     """
     if not isinstance(value, str):
         return ""

@@ -41,7 +41,15 @@ def layer_costs(model, cost="params"):
 
 
 def graph_costs(graph, cost):
-    """The costs of a `ModelGraph`'s calls, a list in call order (`cost` checked)."""
+    """Computes the costs of a `ModelGraph`'s calls (see `layer_costs` for what they count).
+
+    Args:
+        graph: a `ModelGraph`, from `read_graph`.
+        cost: "params" or "macs" (not checked here: anything else counts MACs).
+
+    Returns:
+        A list of non-negative ints, one per call, in call order.
+    """
     if cost == "params":
         return [call.count_params() for call in graph.calls]
     return [_macs(call) for call in graph.calls]

@@ -70,7 +70,17 @@ class ModelGraph:
         return [call.name for call in self.calls]
 
     def produced_at(self, tensor):
-        """Position of the call that produced `tensor` (-1 for a model input)."""
+        """Gives the position of the call that produced `tensor`.
+
+        Args:
+            tensor: a tensor of the graph (an input, or an output of one of its calls).
+
+        Returns:
+            The index into `calls`, or -1 for a model input.
+
+        Raises:
+            KeyError: if `tensor` is not a tensor of this graph.
+        """
         return self._produced[id(tensor)]
 
     def crossing(self, position):

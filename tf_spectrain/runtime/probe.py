@@ -167,9 +167,11 @@ class WeightProbe:
     def take_results(self):
         """Returns and forgets the completed measurements (thread-safe).
 
-        Each is a dict: `stage`, `pass` ("forward" or "backward"), `epoch` and `batch` of
-        the measured pass, `used_version` (the stage's updates when the pass ran),
-        `target_version`, `error`, `baseline` and `ratio` (NaN when `baseline` is 0).
+        Returns:
+            A list of dicts: `stage`, `pass` ("forward" or "backward"), `epoch` and `batch` of
+            the measured pass, `used_version` (the stage's updates when the pass ran),
+            `target_version`, `error`, `baseline` (floats) and `ratio` (NaN when `baseline`
+            is 0).
         """
         with self._lock:
             results, self._results = self._results, []
