@@ -6,7 +6,6 @@
 """
 
 import dataclasses
-import math
 import os
 import time
 import warnings
@@ -21,77 +20,8 @@ from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has alw
     restore_checkpoint,
 )
 from tf_spectrain.config import RunConfig, as_run_config
-from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
-
-
-class _Progress(keras.callbacks.Callback):
-    """Where the run is, how fast it trains, and stop requests that `fit` must not lose.
-
-    `position` is `(epoch, mini-batches done in it)`, `(e + 1, 0)` once epoch e is over.
-    Images per second are timed over the training part of each epoch (the clock stops at
-    the last training batch, so validation is not counted). A stop requested before `fit`
-    began (e.g. SIGINT while it set up) is applied again at its start, since `fit` resets
-    `stop_training`.
-    """
-
-    def __init__(self, run):
-        super().__init__()
-        self.run = run
-        self.position = (run.start_epoch, run.start_batch)
-        self.resume_batch = 0  # mini-batches of the first epoch done before this fit
-        self.images = 0
-        self.seconds = 0.0
-
-    def _keep_stopping(self):
-        if self.run.stop_requested:
-            self.model.stop_training = True
-
-    def on_train_begin(self, logs=None):
-        self._keep_stopping()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._keep_stopping()
-        self._epoch, self._offset, self.resume_batch = epoch, self.resume_batch, 0
-        self._start = self._last = time.perf_counter()
-        self._batches = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._last = time.perf_counter()
-        self._batches = batch + 1
-        self.position = (self._epoch, self._offset + batch + 1)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds += self._last - self._start
-        done = self._offset + self._batches
-        self.images += min(done * self.run.config.batch_size, self.run.num_train) - min(
-            self._offset * self.run.config.batch_size, self.run.num_train
-        )
-        if done >= self.run.steps_per_epoch:
-            self.position = (epoch + 1, 0)
-
-    @property
-    def images_per_second(self):
-        """Training images per second over the epochs so far (0.0 before any)."""
-        return self.images / self.seconds if self.seconds else 0.0
-
-
-class _StopOnNonFinite(keras.callbacks.Callback):
-    """Baselines: a non-finite loss stops training with the step and learning rate."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            steps = self.params.get("steps") or 0
-            lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-            raise NonFiniteLossError(
-                f"The training loss is {float(loss)} at step {self._epoch * steps + batch} "
-                f"(mini-batch {batch} of epoch {self._epoch}) of the model; learning "
-                f"rate {lr:g}. Training stopped; no checkpoint was written after this point. "
-                "Try a lower learning rate."
-            )
+from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.run_callbacks import RunProgress, StopOnNonFinite
 
 
 @dataclasses.dataclass
@@ -279,7 +209,7 @@ def _callbacks(run, progress, telemetry):
             )
         )
     if not isinstance(run.trainer, PipelineModel):
-        callbacks.append(_StopOnNonFinite())
+        callbacks.append(StopOnNonFinite())
     if run.checkpoint is not None:
         callbacks.append(run.checkpoint)
     return callbacks
@@ -326,7 +256,7 @@ def train(run):
         CheckpointWriteError: a checkpoint could not be written.
     """
     config = run.config
-    progress = _Progress(run)
+    progress = RunProgress(run)
     telemetry = Telemetry(
         config.logdir,
         log_every=config.log_every,

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf_spectrain import checks, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
+from tf_spectrain.runtime.graphs import as_list, one_or_list
 
 
 def _sync():
@@ -53,14 +54,6 @@ def _example_inputs(model, batch_size, seed):
     return values
 
 
-def _as_list(x):
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _one_or_list(xs):
-    return xs[0] if len(xs) == 1 else list(xs)
-
-
 def _bytes_per_example(tensors):
     return sum(int(np.prod(t.shape[1:])) * t.dtype.size for t in tensors)
 
@@ -70,14 +63,14 @@ def _layer_functions(stage):
 
     @tf.function
     def forward(inputs):
-        return stage(_one_or_list(inputs), training=True)
+        return stage(one_or_list(inputs), training=True)
 
     @tf.function
     def forward_backward(inputs, upstream):
         watched = [x for x in inputs if x.dtype.is_floating]
         with tf.GradientTape() as tape:
             tape.watch(watched)
-            outputs = _as_list(stage(_one_or_list(inputs), training=True))
+            outputs = as_list(stage(one_or_list(inputs), training=True))
         sources = list(stage.trainable_variables) + watched
         if not sources:
             return outputs
@@ -137,7 +130,7 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
 def _profile_layer(name, stage, inputs, rng, repeats, warmup):
     """Times one one-layer stage on `inputs`; returns its `LayerProfile` and its outputs."""
     forward, forward_backward = _layer_functions(stage)
-    outputs = _as_list(forward(inputs))
+    outputs = as_list(forward(inputs))
     upstream = [
         tf.constant(rng.normal(size=o.shape), dtype=o.dtype) if o.dtype.is_floating else None
         for o in outputs

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tf_spectrain import batching, input_checks
 from tf_spectrain.runtime.bookkeeping import metric_logs
-from tf_spectrain.runtime.stage import as_list, one_or_list
+from tf_spectrain.runtime.graphs import as_list, one_or_list
 
 
 def infer(runners, x):

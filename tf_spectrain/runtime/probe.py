@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from tf_spectrain.runtime.stage import graph_function
+from tf_spectrain.runtime.graphs import graph_function
 
 
 def _distance(a, b):

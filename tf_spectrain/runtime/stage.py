@@ -12,30 +12,7 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import compile_utils
-
-
-def as_list(x):
-    """Returns `x` as a list: a list or tuple's items, else `[x]`.
-
-    Args:
-        x: a tensor, or a list or tuple of them.
-
-    Returns:
-        A new list.
-    """
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def one_or_list(xs):
-    """Returns the only item of `xs`, or `xs` as a list when it has several (or none).
-
-    Args:
-        xs: a list or tuple.
-
-    Returns:
-        `xs[0]` if `len(xs) == 1`, else `list(xs)`.
-    """
-    return xs[0] if len(xs) == 1 else list(xs)
+from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
 
 
 def _with_penalty(grads_out):
@@ -43,33 +20,6 @@ def _with_penalty(grads_out):
     if grads_out is None:
         return None  # last stage: every output is a scalar part of the loss
     return list(grads_out) + [tf.ones((), tf.float32)]
-
-
-def _all_finite(tensors):
-    """One boolean: every element of every tensor is finite."""
-    flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t.dtype.is_floating]
-    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
-
-
-def graph_function(method, reduce_retracing=True):
-    """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
-
-    Every stage of every pipeline traces its own copy once (twice with a smaller last
-    batch), but TensorFlow's frequent-retracing detector lumps them together and warns
-    falsely; tests check the real trace counts instead, so the warning is turned off.
-
-    Args:
-        method: the function to wrap (a bound method of a `StageRunner`).
-        reduce_retracing: passed to `tf.function`.
-
-    Returns:
-        The `tf.function`.
-    """
-    function = tf.function(method, reduce_retracing=reduce_retracing)
-    if hasattr(function, "_omit_frequent_tracing_warning"):
-        # tf.function has no public switch for this per-function warning.
-        function._omit_frequent_tracing_warning = True  # noqa: SLF001
-    return function
 
 
 @dataclasses.dataclass
@@ -87,16 +37,11 @@ class _InFlight:
 class StageRunner:
     """Runs the passes of one stage (SPECTRAIN.md section 5).
 
-    - `forward(key, x)`: runs the stage at the weights its `PassPlan` prescribes (the current
-      weights, or a prediction `W + s * m`), writes the new BatchNorm statistics, and keeps
-      what the backward will need. When the backward will use the very same weights, the
-      forward runs under a gradient tape that keeps its activations, so the backward costs no
-      recomputation; otherwise only the input (and the non-trainable state the forward saw,
-      so that dropout draws the same mask) is kept, and no activation is held.
-    - `backward(key, d)`: the exact vector-Jacobian product at the backward weights, either
-      from the kept tape or by recomputing the forward at the backward weights; the weight
-      gradient is added to the stage's pending gradient and the input gradient is returned.
-    - `update()`: applies the pending gradient to the current weights with the optimizer.
+    `forward(key, x)` runs the stage at the weights its `PassPlan` prescribes and keeps what
+    the backward needs: its activations (a tape) when the backward uses the same weights,
+    else only the input and non-trainable state, for a recompute. `backward(key, d)` is the
+    exact vector-Jacobian product at the backward weights; its weight gradient waits for
+    `update()`, which applies it with the optimizer.
 
     The last stage computes the loss in its forward (its `d` is the loss itself). `key` is
     `(i, j)`: mini-batch i, micro-batch j.
@@ -110,15 +55,12 @@ class StageRunner:
         plan: the stage's `modes.PassPlan`.
         loss: on the last stage, the loss function `loss(y_true, y_pred)`; else None.
 
-    Layer losses of the stage (weight regularizers, `add_loss`) are added to the
-    stage's objective, as `model.fit` adds them to the loss; `penalties[i]` keeps their
-    values per mini-batch so the reported loss can include them.
-
-    Every pass also computes, on the device and without waiting for it, whether all the
-    values it produced are finite; `first_non_finite()` reads these flags back only when
-    a non-finite loss has been seen. With `skip_non_finite = True`, `update` checks the
-    gradient first and skips (and counts in `skipped`) an update that is not finite.
-    `probe` (a `runtime.probe.WeightProbe`, or None) measures prediction errors.
+    Layer losses (regularizers, `add_loss`) join the stage's objective, as in `model.fit`;
+    `penalties[i]` keeps them per mini-batch for the reported loss. Each pass also flags,
+    on the device and without a wait, whether its values are finite (`first_non_finite()`
+    reads the flags); with `skip_non_finite`, `update` skips, and counts in `skipped`, a
+    non-finite gradient. `probe` (a `runtime.probe.WeightProbe`, or None) measures
+    prediction errors.
     """
 
     def __init__(self, k, model, device, optimizer, plan, loss=None):
@@ -148,7 +90,7 @@ class StageRunner:
         self._vjp_fn = graph_function(self._recompute_vjp)
         self._apply_fn = graph_function(self._apply)
         self._infer_fn = graph_function(self._infer)
-        self._finite_fn = graph_function(_all_finite)
+        self._finite_fn = graph_function(all_finite)
 
     # --- graph functions ----------------------------------------------------------------
 
@@ -180,7 +122,7 @@ class StageRunner:
             outputs, penalty, new_state, logits = self._run(
                 self._weights(steps), state, inputs, labels, scale
             )
-            finite = _all_finite(outputs + [penalty] + list(new_state))
+            finite = all_finite(outputs + [penalty] + list(new_state))
             # A pass that produced a non-finite value leaves the state (BatchNorm moving
             # statistics) as it was, so that on_nan="skip" keeps the model usable.
             for v, value in zip(self.non_trainable, new_state):

@@ -1,0 +1,61 @@
+"""Small TensorFlow helpers of the runtime: lists of tensors and quiet graph functions."""
+
+import tensorflow as tf
+
+
+def as_list(x):
+    """Returns `x` as a list: a list or tuple's items, else `[x]`.
+
+    Args:
+        x: a tensor, or a list or tuple of them.
+
+    Returns:
+        A new list.
+    """
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def one_or_list(xs):
+    """Returns the only item of `xs`, or `xs` as a list when it has several (or none).
+
+    Args:
+        xs: a list or tuple.
+
+    Returns:
+        `xs[0]` if `len(xs) == 1`, else `list(xs)`.
+    """
+    return xs[0] if len(xs) == 1 else list(xs)
+
+
+def all_finite(tensors):
+    """One boolean tensor: every element of every floating tensor of `tensors` is finite.
+
+    Args:
+        tensors: a list of tensors (non-floating ones are ignored).
+
+    Returns:
+        A scalar boolean tensor.
+    """
+    flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t.dtype.is_floating]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def graph_function(method, reduce_retracing=True):
+    """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
+
+    Every stage of every pipeline traces its own copy once (twice with a smaller last
+    batch), but TensorFlow's frequent-retracing detector lumps them together and warns
+    falsely; tests check the real trace counts instead, so the warning is turned off.
+
+    Args:
+        method: the function to wrap (a bound method of a `StageRunner`).
+        reduce_retracing: passed to `tf.function`.
+
+    Returns:
+        The `tf.function`.
+    """
+    function = tf.function(method, reduce_retracing=reduce_retracing)
+    if hasattr(function, "_omit_frequent_tracing_warning"):
+        # tf.function has no public switch for this per-function warning.
+        function._omit_frequent_tracing_warning = True  # noqa: SLF001
+    return function
