@@ -4,14 +4,13 @@ The command line's messages are checked through `cli.parse_args` in tests/test_c
 tests/test_fuzz.py; here the dataclass itself, as Python code builds it.
 """
 
-import argparse
 import dataclasses
 import os
 import pathlib
 
 import pytest
 
-from tf_spectrain import cli, training
+from tf_spectrain import cli
 from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig
 
 
@@ -96,9 +95,3 @@ def test_cross_field_rules():
         "--logdir of the run to continue (its checkpoints are in <logdir>/checkpoints)",
     ]
     RunConfig(mode="sync", micro_batches=4, on_nan="skip", logdir="x")  # all fine together
-
-
-def test_prepare_takes_a_run_config():
-    namespace = argparse.Namespace(**dataclasses.asdict(RunConfig(logdir="x")))
-    with pytest.raises(TypeError, match=r"`config` must be a RunConfig"):
-        training.prepare(namespace)
