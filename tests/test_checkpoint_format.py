@@ -19,6 +19,7 @@ from tf_spectrain.checkpoint.format import ARRAYS_FILE, FORMAT_VERSION, METADATA
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
 # --- round trip ---------------------------------------------------------------------------
 
 ARRAY_CASES = {
