@@ -1,9 +1,12 @@
-"""Checkpoints of whole training runs: exact resume, refusals, and stopping by signal.
+"""Checkpoints of whole training runs through train.py: exact resume, refusals, stopping by
+signal. This is the cross-cutting resume suite (CLI, training, checkpoint package together).
 
 The reference for "resumes exactly" is the same run without interruption: final weights
-and optimizer state must be identical. The storage layer (atomic writes, checksums, a
-writer killed with SIGKILL) is tested in test_checkpoint_store.py; here a real train.py
-process is interrupted with SIGINT, SIGTERM and SIGKILL.
+must be identical. The parts are tested alone elsewhere: the storage layer (atomic writes,
+checksums, a writer killed with SIGKILL) in test_checkpoint_store.py and
+test_checkpoint_format.py, saving and restoring a pipeline's state in
+test_checkpoint_state.py, the Keras callback in test_checkpoint_callback.py; here a real
+train.py process is interrupted with SIGINT, SIGTERM and SIGKILL.
 """
 
 import dataclasses
@@ -19,188 +22,11 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import batching, checkpoint_store, cli, data
-from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
+from tf_spectrain import checkpoint_store, cli
 from tf_spectrain.checkpoint import store
-from tf_spectrain.optimizer import SpecTrainSGD
-from tf_spectrain.pipeline_model import PipelineModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIMIT, BATCH, EPOCHS = 48, 16, 3  # 3 mini-batches per epoch
 
-
-def tiny_model(seed=0, width=12):
-    """Dropout (random state) and BatchNorm (moving statistics): state beyond the weights."""
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((32, 32, 3))
-    h = keras.layers.AveragePooling2D(4, name="pool")(inputs)
-    h = keras.layers.Flatten(name="flatten")(h)
-    h = keras.layers.Dense(width, activation="relu", name="dense0")(h)
-    h = keras.layers.Dropout(0.3, name="drop")(h)
-    h = keras.layers.BatchNormalization(momentum=0.5, name="bn")(h)
-    h = keras.layers.Dense(width, activation="relu", name="dense1")(h)
-    outputs = keras.layers.Dense(10, name="logits")(h)
-    return keras.Model(inputs, outputs, name="tiny")
-
-
-def pipeline(mode="spectrain", cuts=("dense0", "bn"), width=12):
-    pipe = PipelineModel(tiny_model(width=width), cuts=list(cuts), mode=mode)
-    pipe.compile(
-        SpecTrainSGD(0.05, momentum=0.9, weight_decay=1e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        ["accuracy"],
-    )
-    return pipe
-
-
-def epochs_data(start, stop, skip=0):
-    return data.load_epochs(
-        "digits", BATCH, epochs=stop, start_epoch=start, skip_batches=skip, seed=7, limit=LIMIT
-    )
-
-
-def train(pipe, start, stop, skip=0, callbacks=None):
-    steps = data.steps_per_epoch("digits", BATCH, LIMIT) - skip
-    pipe.fit(epochs_data(start, stop, skip), epochs=stop, initial_epoch=start,
-             steps_per_epoch=steps, verbose=0, callbacks=callbacks)
-
-
-def state(pipe):
-    """Every stage's variables and optimizer variables, as arrays."""
-    out = []
-    for stage, optimizer in zip(pipe.stages, pipe.stage_optimizers):
-        out += [np.array(v.numpy()) for v in stage.variables]
-        out += [np.array(v.numpy()) for v in optimizer.variables]
-    return out
-
-
-def assert_same_state(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        np.testing.assert_array_equal(x, y)
-
-
-@pytest.mark.parametrize("mode", ["spectrain", "stash", "vanilla"])
-def test_resumed_after_epoch_e_equals_uninterrupted(mode, tmp_path):
-    whole = pipeline(mode)
-    train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
-    paths = checkpoint_store.list_checkpoints(tmp_path)
-    assert [os.path.basename(p) for p in paths] == [
-        f"ckpt-e{e:04d}-b000000" for e in range(1, EPOCHS + 1)
-    ]
-    resumed = pipeline(mode)  # a fresh pipeline, initialised the same way
-    info = restore_checkpoint(resumed, paths[0])
-    assert (info["epoch"], info["batch"]) == (1, 0)
-    train(resumed, info["epoch"], EPOCHS)
-    assert_same_state(state(whole), state(resumed))
-    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights()):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_sync_mode_resumes_exactly_even_from_the_middle_of_an_epoch(tmp_path):
-    """Sequential SGD has no pipeline state, so a mid-epoch stop and resume changes nothing."""
-
-    class StopAt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if self.params and batch == 0:
-                self.model.stop_training = True
-
-    whole = pipeline("sync")
-    train(whole, 0, EPOCHS)
-    interrupted = pipeline("sync")
-    checkpoint = PipelineCheckpoint(tmp_path)
-    train(interrupted, 0, EPOCHS, callbacks=[StopAt(), checkpoint])
-    epoch, batch = checkpoint.last_position
-    assert epoch == 0 and 0 < batch < 3
-    assert os.path.basename(checkpoint.last_path) == f"ckpt-e0000-b{batch:06d}"
-    resumed = pipeline("sync")
-    info = restore_checkpoint(resumed, checkpoint_store.latest_checkpoint(tmp_path))
-    train(resumed, info["epoch"], info["epoch"] + 1, skip=info["batch"])
-    train(resumed, info["epoch"] + 1, EPOCHS)
-    assert_same_state(state(whole), state(resumed))
-
-
-def test_keep_retains_the_newest(tmp_path):
-    pipe = pipeline()
-    train(pipe, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=2)])
-    names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(tmp_path)]
-    assert names == ["ckpt-e0002-b000000", "ckpt-e0003-b000000"]
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("saved")
-    pipe = pipeline("spectrain")
-    train(pipe, 0, 1, callbacks=[PipelineCheckpoint(directory, metadata={"seed": 7})])
-    return checkpoint_store.latest_checkpoint(directory)
-
-
-@pytest.mark.parametrize(
-    "build, metadata, differences",
-    [
-        (
-            lambda: pipeline("stash"),
-            {"seed": 7},
-            ["mode: the checkpoint has 'spectrain', this run has 'stash'"],
-        ),
-        (lambda: pipeline(cuts=("dense0",)), {"seed": 7}, ["num_stages", "cuts"]),
-        (lambda: pipeline(width=10), {"seed": 7}, ["architecture"]),
-        (lambda: pipeline(), {"seed": 8}, ["extra.seed: the checkpoint has 7, this run has 8"]),
-    ],
-    ids=["mode", "cuts", "model", "run"],
-)
-def test_a_different_run_is_refused_with_what_differs(saved, build, metadata, differences):
-    pipe = build()
-    before = state(pipe)
-    with pytest.raises(checkpoint_store.CheckpointError) as info:
-        restore_checkpoint(pipe, saved, metadata=metadata)
-    message = str(info.value)
-    assert saved in message
-    for difference in differences:
-        assert difference in message
-    assert_same_state(before, state(pipe))  # nothing was assigned
-
-
-def test_a_plain_keras_model_cannot_load_a_pipeline_checkpoint(saved):
-    model = tiny_model()
-    model.compile(optimizer=SpecTrainSGD(0.05, momentum=0.9), loss="mse")
-    kind = "kind: the checkpoint has 'pipeline'"
-    with pytest.raises(checkpoint_store.CheckpointError, match=kind):
-        restore_checkpoint(model, saved)
-
-
-def test_a_corrupt_checkpoint_names_the_file(saved, tmp_path):
-    import shutil
-
-    copy = tmp_path / os.path.basename(saved)
-    shutil.copytree(saved, copy)
-    npz = copy / "arrays.npz"
-    raw = bytearray(npz.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    npz.write_bytes(bytes(raw))
-    pipe = pipeline()
-    before = state(pipe)
-    with pytest.raises(checkpoint_store.CheckpointError, match=re.escape(str(npz))):
-        restore_checkpoint(pipe, str(copy), metadata={"seed": 7})
-    assert_same_state(before, state(pipe))
-
-
-def test_plain_keras_model_round_trip(tmp_path):
-    model = tiny_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(epochs_data(0, 1), epochs=1, verbose=0,
-              callbacks=[PipelineCheckpoint(tmp_path)])
-    other = tiny_model(seed=5)
-    other.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    restore_checkpoint(other, checkpoint_store.latest_checkpoint(tmp_path))
-    for a, b in zip(model.variables + model.optimizer.variables,
-                    other.variables + other.optimizer.variables):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-
-
-# --- train.py -------------------------------------------------------------------------------
 
 CLI = ["--model", "mlp", "--gpus", "2", "--limit", "64", "--batch-size", "16"]
 
@@ -330,49 +156,6 @@ def test_sigkill_leaves_a_resumable_run(tmp_path):
     assert f"resuming {newest}" in out
 
 
-def test_shuffled_arrays_resume_exactly_through_the_python_api(tmp_path):
-    """fit(x, y, shuffle=True): each epoch's order depends on the seed saved in the checkpoint."""
-    x, y = data.load_arrays("digits", "train", limit=LIMIT)
-    whole = pipeline("spectrain")
-    whole.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0,
-              callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
-    resumed = pipeline("spectrain")
-    resumed.shuffle_seed += 1  # as if drawn in another process with another global seed
-    info = restore_checkpoint(resumed, checkpoint_store.list_checkpoints(tmp_path)[0])
-    assert resumed.shuffle_seed == whole.shuffle_seed
-    resumed.fit(x, y, batch_size=BATCH, epochs=EPOCHS, initial_epoch=info["epoch"], verbose=0)
-    assert_same_state(state(whole), state(resumed))
-    # and the shuffling really changes the order from epoch to epoch, and between fit calls
-    orders = []
-    for _ in range(3):
-        orders.append(next(iter(batching.epoch_batches(
-            whole.model, x, y, BATCH, whole.shuffle_seed, whole.epochs_trained
-        )))[1].numpy())
-        whole.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, pattern",
-    [
-        ({"keep": 0}, ValueError, r"`keep` must be an integer >= 1 or None. Received: keep=0"),
-        ({"keep": "3"}, TypeError, r"`keep` must be an integer >= 1 or None"),  # issue 10, step 3
-        ({"metadata": {"when": object()}}, TypeError, r"`metadata` must be a dict of JSON values"),
-        ({"metadata": {"lr": float("nan")}}, TypeError, r"`metadata` must be a dict of JSON"),
-    ],
-)
-def test_checkpoint_callback_arguments(kwargs, error, pattern, tmp_path):
-    with pytest.raises(error, match=pattern):
-        PipelineCheckpoint(tmp_path, **kwargs)
-
-
-def test_checkpoint_callback_refuses_a_file_as_directory(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    with pytest.raises(ValueError, match="is an existing file"):
-        PipelineCheckpoint(blocker)
-
-
 def _tensor_scalars(logdir, tag):
     import tensorflow as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -393,28 +176,6 @@ def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, ca
     steps = [s for s, _ in rates]
     assert steps == list(range(8))  # 4 mini-batches per epoch, numbered across both runs
     np.testing.assert_allclose([v for _, v in rates], [0.01] * 4 + [0.002] * 4, rtol=1e-6)
-
-
-def test_a_failed_checkpoint_write_stops_training_and_keeps_the_earlier_ones(tmp_path, monkeypatch):
-    pipe = pipeline()
-    checkpoint = PipelineCheckpoint(tmp_path)
-    calls = []
-    original = store.save_checkpoint
-
-    def failing_second_save(*args, **kwargs):
-        calls.append(kwargs["epoch"])
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(store, "save_checkpoint", failing_second_save)
-    from tf_spectrain.callbacks import CheckpointWriteError
-
-    with pytest.raises(CheckpointWriteError, match=r"epoch 2, mini-batch 0.*No space left.*"
-                       r"newest complete checkpoint is .*ckpt-e0001-b000000"):
-        train(pipe, 0, EPOCHS, callbacks=[checkpoint])
-    assert calls == [1, 2]
-    checkpoint_store.load_checkpoint(checkpoint_store.latest_checkpoint(tmp_path))
 
 
 def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
@@ -452,26 +213,6 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
         np.testing.assert_array_equal(x, y)
     steps = sorted({s for s, _ in _tensor_scalars(split, "batch/loss")})
     assert steps == list(range(8))
-
-
-def test_export_is_atomic(tmp_path, monkeypatch):
-    from tf_spectrain import training
-
-    model = tiny_model()
-    path = tmp_path / "model.keras"
-    training.export_model(model, str(path))
-    good = path.read_bytes()
-
-    def broken_save(self, filepath, *args, **kwargs):
-        with open(filepath, "wb") as f:
-            f.write(b"half a model")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(keras.Model, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
-        training.export_model(model, str(path))
-    assert path.read_bytes() == good
-    assert [p.name for p in tmp_path.iterdir()] == ["model.keras"]
 
 
 def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):

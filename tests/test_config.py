@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from tf_spectrain import cli, training
+from tf_spectrain import cli
 from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig, as_run_config
 
 
@@ -96,12 +96,6 @@ def test_cross_field_rules():
         "--logdir of the run to continue (its checkpoints are in <logdir>/checkpoints)",
     ]
     RunConfig(mode="sync", micro_batches=4, on_nan="skip", logdir="x")  # all fine together
-
-
-def test_prepare_checks_a_namespace_as_a_run_config_before_any_work():
-    namespace = argparse.Namespace(**dict(dataclasses.asdict(RunConfig(logdir="x")), gpus=0))
-    with pytest.raises(ConfigError, match=r"--gpus must be an integer >= 1"):
-        training.prepare(namespace)
 
 
 def test_as_run_config_takes_a_namespace_and_fills_the_defaults():

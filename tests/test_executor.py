@@ -1,4 +1,6 @@
-"""The pipeline runtime: stages overlap in time, failures stop everything promptly."""
+"""Tests for tf_spectrain.runtime.executor: the stages of a pipeline run in threads that
+overlap in time, a failure anywhere stops everything promptly, and a mini-batch splits into
+micro-batches."""
 
 import threading
 import time
@@ -10,7 +12,7 @@ import tensorflow as tf
 
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
-from tf_spectrain.runtime import executor, stage
+from tf_spectrain.runtime import executor
 
 
 def wide_mlp(width=512, depth=4, inputs=256, classes=10, name="wide"):
@@ -144,8 +146,3 @@ def test_split_batch_sizes_and_content(n, parts, sizes):
 def test_split_batch_refuses_more_parts_than_examples():
     with pytest.raises(ValueError, match="cannot be split into 4 micro-batches"):
         executor.split_batch(tf.zeros((3, 2)), 4)
-
-
-def test_as_list_and_one_or_list():
-    assert stage.as_list(1) == [1] and stage.as_list((1, 2)) == [1, 2]
-    assert stage.one_or_list([1]) == 1 and stage.one_or_list([1, 2]) == [1, 2]

@@ -1,0 +1,59 @@
+"""Tests for tf_spectrain.costmodel.measure: profiling and measuring with TensorFlow, on
+tiny models."""
+
+
+import pytest
+
+from tf_spectrain import costmodel
+from tf_spectrain.costmodel import Hardware
+
+# --- measuring with TensorFlow (tiny models) ----------------------------------------------
+
+
+def test_profile_model_sizes_match_the_layers():
+    import keras
+
+    inputs = keras.Input((6,), name="x")
+    h = keras.layers.Dense(5, name="d1")(inputs)
+    r = keras.layers.Activation("relu", name="act")(h)
+    y = keras.layers.Add(name="add")([h, r])  # h skips over `act`
+    out = keras.layers.Dense(3, name="d2")(y)
+    model = keras.Model(inputs, out)
+    profile = costmodel.profile_model(model, batch_size=4, repeats=1, warmup=1)
+    assert profile.names == ["d1", "act", "add", "d2"]
+    assert profile.batch_size == 4
+    # float32 bytes per example crossing a cut after each layer; after `act` both h and r.
+    assert [layer.output_bytes for layer in profile.layers] == [20, 40, 20, 12]
+    assert [layer.weight_bytes for layer in profile.layers] == [
+        4 * model.get_layer(n).count_params() for n in profile.names
+    ]
+    assert all(layer.forward_time > 0 and layer.backward_time >= 0 for layer in profile.layers)
+
+
+def test_profile_model_rejects_bad_arguments():
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(TypeError, match=r"batch_size=1.5"):
+        costmodel.profile_model(model, 1.5)
+    with pytest.raises(ValueError, match=r"repeats=0"):
+        costmodel.profile_model(model, 2, repeats=0)
+
+
+def test_link_and_concurrency_measurements_are_in_range():
+    bandwidth, latency = costmodel.measure_link("/CPU:0", "/CPU:1", large_bytes=2**20, repeats=3)
+    assert bandwidth > 0 and 0 <= latency < 1
+    calls = []
+
+    def workload(device):
+        calls.append(device)
+        return lambda: sum(range(1000))
+
+    concurrency = costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], workload, repeats=2)
+    assert 0 < concurrency <= 2
+    assert calls == ["/CPU:0", "/CPU:1"]
+    Hardware(2, 1.0, bandwidth, latency, concurrency)  # fits the hardware description
+    with pytest.raises(ValueError, match=r"at least 2 device names"):
+        costmodel.measure_concurrency(["/CPU:0"])
+    with pytest.raises(TypeError, match=r"workload=3"):
+        costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], workload=3)

@@ -1,0 +1,9 @@
+"""Tests for tf_spectrain.runtime.stage: its small helpers. A stage's passes are exercised
+through `fit` in test_executor.py, test_pipeline_model.py and test_pipeline_modes.py."""
+
+from tf_spectrain.runtime import stage
+
+
+def test_as_list_and_one_or_list():
+    assert stage.as_list(1) == [1] and stage.as_list((1, 2)) == [1, 2]
+    assert stage.one_or_list([1]) == 1 and stage.one_or_list([1, 2]) == [1, 2]
