@@ -20,7 +20,7 @@ from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has alw
     restore_checkpoint,
 )
 from tf_spectrain.config import RunConfig, as_run_config
-from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel  # noqa: F401 - cli
 from tf_spectrain.run_callbacks import RunProgress, StopOnNonFinite
 
 
