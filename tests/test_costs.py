@@ -1,23 +1,12 @@
 """Tests of `tf_spectrain.partition.costs`: per-layer parameter counts and multiply-accumulate
-estimates, counted here by hand. `default_cuts(..., cost=...)` is tested in test_partition."""
+estimates, counted here by hand. `default_cuts(..., cost=...)` is tested in test_cuts."""
 
 import keras
 import pytest
 from keras import layers
+from partition_helpers import _cnn_functional as _cnn
 
 from tf_spectrain.partition import COSTS, layer_costs
-
-
-def _cnn():
-    inputs = keras.Input((8, 8, 3), name="image")
-    x = layers.Conv2D(4, 3, padding="same", name="conv1")(inputs)
-    x = layers.BatchNormalization(name="bn1")(x)
-    x = layers.ReLU(name="relu1")(x)
-    x = layers.MaxPooling2D(name="pool1")(x)
-    x = layers.Conv2D(6, 3, padding="same", activation="relu", name="conv2")(x)
-    x = layers.GlobalAveragePooling2D(name="gap")(x)
-    outputs = layers.Dense(3, name="predictions")(x)
-    return keras.Model(inputs, outputs, name="tiny_cnn")
 
 
 def _two_branches():
