@@ -10,6 +10,11 @@ initial weights, on the same mini-batch) to float precision at every cut. For ea
 script reports `|W_pipe - W_keras| / |W_keras - W_0|` over the trainable weights, the
 number of variables off by more than 1e-3 of their own step, and the tensors crossing the
 cut; a row over `--tolerance` is marked. Too slow for CI: a few seconds per cut.
+
+Each model's first row is Keras' own sensitivity: how far `model.fit`'s step moves when
+the inputs move by 1e-6. Max pooling and ReLU route a gradient to one of several nearly
+equal values, so where that is large, a pipeline (whose stages run as separate graphs,
+with forwards 1e-6 apart from Keras') differs from Keras by as much, without any bug.
 """
 
 import argparse
@@ -34,6 +39,8 @@ def parse_args(argv):
     )
     p.add_argument("--models", type=common.csv_of(str, tuple(MODELS)), default=list(MODELS))
     p.add_argument("--cuts", type=common.positive_int, default=12, help="cut layers per model")
+    p.add_argument("--positions", type=common.csv_of(int),
+                   help="cut after these layer positions instead (e.g. 103,155)")
     p.add_argument("--batch-size", type=common.positive_int, default=4)
     p.add_argument("--seed", type=common.non_negative_int, default=0)
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error")
@@ -71,6 +78,44 @@ def relative_error(pipe_weights, keras_weights, initial_weights):
     return error / step if step else float("inf"), off
 
 
+def _keras_step(build, x, y):
+    """Initial and one-step trainable weights of Keras' own `fit` on `(x, y)`."""
+    import keras
+
+    model = build()
+    initial = [w.numpy() for w in model.trainable_weights]
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+    )
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    return initial, [w.numpy() for w in model.trainable_weights]
+
+
+def keras_sensitivity(build, x, y, noise=1e-6, seed=0):
+    """How far Keras' own step moves when the inputs move by `noise` (relative to the step).
+
+    Max pooling (and ReLU) route the gradient to one of several nearly equal values, so a
+    float-sized change of the forward can move a step by far more than float noise; a
+    pipeline, whose stages run as separate graphs, differs from `model.fit` by that much.
+
+    Args:
+        build: a function returning a fresh, identically initialised Keras model.
+        x, y: one mini-batch.
+        noise: the standard deviation of the normal noise added to `x`.
+        seed: the noise's seed.
+
+    Returns:
+        `|W(x + noise) - W(x)| / |W(x) - W_0|` after one step.
+    """
+    import numpy as np
+
+    initial, stepped = _keras_step(build, x, y)
+    moved = x + np.random.default_rng(seed).normal(scale=noise, size=x.shape).astype(x.dtype)
+    _, stepped_moved = _keras_step(build, moved, y)
+    return relative_error(stepped_moved, stepped, initial)[0]
+
+
 def sweep(build, x, y, positions, devices):
     """One row per cut: the pipeline's one sync step against Keras' (see the module doc).
 
@@ -89,24 +134,17 @@ def sweep(build, x, y, positions, devices):
 
     import tf_spectrain
 
-    def loss():
-        return keras.losses.SparseCategoricalCrossentropy()
-
-    def sgd():
-        return keras.optimizers.SGD(0.01, momentum=0.9)
-
-    reference = build()
-    initial = [w.numpy() for w in reference.trainable_weights]
-    reference.compile(optimizer=sgd(), loss=loss())
-    reference.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
-    expected = [w.numpy() for w in reference.trainable_weights]
+    initial, expected = _keras_step(build, x, y)
     rows = []
     for position in positions:
         model = build()
         cut = model.layers[position].name
         specs = tf_spectrain.partition.describe_stages(model, [cut])
         pipe = tf_spectrain.PipelineModel(model, cuts=[cut], devices=devices, mode="sync")
-        pipe.compile(optimizer=sgd(), loss=loss())
+        pipe.compile(
+            optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+        )
         pipe.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
         got = [w.numpy() for w in model.trainable_weights]
         error, off = relative_error(got, expected, initial)
@@ -144,7 +182,9 @@ def main(argv=None):
         rng = np.random.default_rng(args.seed)
         x = rng.normal(size=(args.batch_size, size, size, 3)).astype("float32")
         y = np.arange(args.batch_size) % 10
-        positions = evenly_spaced(range(1, len(build().layers) - 1), args.cuts)
+        sensitivity = keras_sensitivity(build, x, y)
+        print(f"| {name} | (Keras' own step, inputs moved by 1e-6) | - | {sensitivity:.2e} | - |")
+        positions = args.positions or evenly_spaced(range(1, len(build().layers) - 1), args.cuts)
         for row in sweep(build, x, y, positions, devices):
             row["model"] = name
             worst = max(worst, row["relative_error"])

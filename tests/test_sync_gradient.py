@@ -51,3 +51,16 @@ def test_relative_error_sees_a_wrong_gradient():
 )
 def test_evenly_spaced(items, count, expected):
     assert sync_gradient.evenly_spaced(items, count) == expected
+
+
+def test_keras_sensitivity_is_float_noise_for_a_smooth_model():
+    def smooth():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(6, activation="tanh")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+
+    x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
+    sensitivity = sync_gradient.keras_sensitivity(smooth, x, np.arange(4) % 3)
+    assert 0 <= sensitivity < 1e-3
+    assert sync_gradient.keras_sensitivity(smooth, x, np.arange(4) % 3, noise=1e-1) > 1e-3
