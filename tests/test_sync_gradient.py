@@ -53,14 +53,32 @@ def test_evenly_spaced(items, count, expected):
     assert sync_gradient.evenly_spaced(items, count) == expected
 
 
-def test_keras_sensitivity_is_float_noise_for_a_smooth_model():
+def test_cut_sensitivity_is_float_noise_for_a_smooth_model():
     def smooth():
         keras.utils.set_random_seed(0)
         inputs = keras.Input((5,))
-        h = keras.layers.Dense(6, activation="tanh")(inputs)
+        h = keras.layers.Dense(6, activation="tanh", name="hidden")(inputs)
         return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
 
     x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
-    sensitivity = sync_gradient.keras_sensitivity(smooth, x, np.arange(4) % 3)
-    assert 0 <= sensitivity < 1e-3
-    assert sync_gradient.keras_sensitivity(smooth, x, np.arange(4) % 3, noise=1e-1) > 1e-3
+    y = np.arange(4) % 3
+    assert 0 <= sync_gradient.cut_sensitivity(smooth, x, y, position=1) < 1e-3
+    assert sync_gradient.cut_sensitivity(smooth, x, y, position=1, noise=0.3) > 1e-3
+
+
+def test_cut_sensitivity_is_large_where_max_pooling_meets_ties():
+    def pooled():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4, 4, 2))
+        mix = keras.layers.Conv2D(1, 1, use_bias=False, kernel_initializer="ones", name="mix")
+        h = keras.layers.MaxPooling2D(2, name="pool")(mix(inputs))
+        h = keras.layers.Flatten()(h)
+        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+
+    # Channels (1, 0) and (0, 1) alternate: every pooling window holds four equal values
+    # that came from different inputs, so which one takes the gradient moves mix's.
+    x = np.zeros((2, 4, 4, 2), "float32")
+    x[:, ::2, ::2, 0] = x[:, 1::2, 1::2, 0] = 1.0
+    x[:, 1::2, ::2, 1] = x[:, ::2, 1::2, 1] = 1.0
+    sensitivity = sync_gradient.cut_sensitivity(pooled, x, np.array([0, 1]), position=1)
+    assert sensitivity > 0.01
