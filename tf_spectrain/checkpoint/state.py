@@ -20,6 +20,7 @@ import contextlib
 import keras
 import numpy as np
 
+from tf_spectrain import trainers
 from tf_spectrain.checkpoint import compat, store
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
@@ -62,10 +63,9 @@ def trainer_optimizers(trainer):
         TypeError: `trainer` is neither.
         ValueError: a pipeline that is not compiled.
     """
-    if is_pipeline(trainer):
-        return list(trainer.stage_optimizers)
-    _check_keras_model(trainer)
-    return [trainer.optimizer]
+    if not is_pipeline(trainer):
+        _check_keras_model(trainer)
+    return list(trainers.optimizers(trainer))
 
 
 def _check_keras_model(trainer):
@@ -123,8 +123,8 @@ def describe_run(trainer):
         ValueError: a pipeline that is not compiled.
     """
     pipeline = is_pipeline(trainer)
-    model = trainer.model if pipeline else trainer
     optimizer = trainer_optimizers(trainer)[-1]
+    model = trainers.keras_model(trainer)
     # Layer types and weight shapes, not names: Keras numbers unnamed layers by how many
     # were built before in the process, so names differ between equal models.
     architecture = [
