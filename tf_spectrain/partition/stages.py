@@ -17,6 +17,7 @@ import keras
 
 from tf_spectrain.partition.cuts import resolve_cuts
 from tf_spectrain.partition.graph import read_graph
+from tf_spectrain.runtime.graphs import one_or_list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +161,7 @@ def _build_stage(model_name, stage, taken):
                 passed[id(tensor)] = keras.layers.Identity(name=layer_name)(tensor)
             tensor = passed[id(tensor)]
         outputs.append(tensor)
-    return keras.Model(inputs=_one_or_list(stage.inputs), outputs=_one_or_list(outputs), name=name)
-
-
-def _one_or_list(tensors):
-    return tensors[0] if len(tensors) == 1 else list(tensors)
+    return keras.Model(inputs=one_or_list(stage.inputs), outputs=one_or_list(outputs), name=name)
 
 
 def _unique(name, taken):
