@@ -304,7 +304,7 @@ def train(run):
     result = {
         "interrupted": interrupted,
         "checkpoint": run.checkpoint.last_path if run.checkpoint is not None else None,
-        "images_per_second": progress.images / progress.seconds if progress.seconds else 0.0,
+        "images_per_second": progress.images_per_second,
         "history": history,
         "devices": run.device_names,
         "model": run.model,
