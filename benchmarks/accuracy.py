@@ -168,7 +168,8 @@ def run_group(runner, specs, path):
         common.append_jsonl(path, {"spec": spec.as_dict(), "result": result})
         acc = result["test_accuracy"][-1]
         print(f"  {spec.model} {spec.config} N={spec.stages} lr={spec.lr:g} seed={spec.seed}: "
-              f"test accuracy {acc:.3f}, {result['seconds']:.0f} s", flush=True)
+              f"test accuracy {acc:.3f}, {result['seconds']:.0f} s on "
+              f"{result.get('cores', float('nan')):.2f} cores (CPU/wall)", flush=True)
 
 
 def child(job_file):

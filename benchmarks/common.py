@@ -329,6 +329,7 @@ class Runner:
         Returns:
             A dict: `test_accuracy`, `train_loss` (one value per epoch), `epoch_seconds`
             (each epoch's wall time, evaluation included), `seconds` (the whole run),
+            `cores` (process CPU time / wall time over the run),
             `cuts` (None for the baselines) and `diverged`. A run whose loss became
             non-finite stops; its later epochs are recorded at chance accuracy
             (`1 / NUM_CLASSES`) and NaN loss.
@@ -338,7 +339,7 @@ class Runner:
         from tf_spectrain import data
         from tf_spectrain.pipeline_model import NonFiniteLossError
 
-        started = time.perf_counter()
+        timer = CpuClock().start()  # stopped once training and evaluation are done
         trainer, cuts = self.trainer(spec)
         # tf.data combines its op seeds with the global seed: fix it for every run.
         keras.utils.set_random_seed(spec.seed)
@@ -359,6 +360,7 @@ class Runner:
         except NonFiniteLossError:
             diverged = True
             del self._trainers[spec.trainer_key]  # its pipeline state is not reusable
+        timer.stop()
         loss = [float(v) for v in history.history.get("loss", [])]
         acc = [float(a) for a in history.history.get("val_accuracy", [])]
         done = 0  # epochs that ended with a finite loss and were evaluated
@@ -371,7 +373,8 @@ class Runner:
             "test_accuracy": acc,
             "train_loss": loss,
             "epoch_seconds": clock.seconds,
-            "seconds": time.perf_counter() - started,
+            "seconds": timer.wall,
+            "cores": timer.cores,
             "cuts": cuts,
             "diverged": diverged or missing > 0,
         }
@@ -380,20 +383,35 @@ class Runner:
 # --- timing on synthetic data (throughput.py, speedup.py) -------------------------------
 
 
-def synthetic_images(batch_size, steps):
-    """`steps` cached mini-batches of random 32x32x3 images and labels of 10 classes.
+class CpuClock:
+    """Times a `with` block (or `start()` to `stop()`): wall seconds, this process' CPU
+    seconds, and their ratio.
 
-    The data come from a NumPy generator seeded with 0: every configuration and every
-    process times the same batches.
+    `cores` = CPU time / wall time: on this machine's logical devices, about 2 when two
+    stages compute at once and 1 when they take turns (or a stall leaves the cores idle),
+    so every timing reports it beside its figure. `started` is the `time.perf_counter()`
+    of the start.
     """
-    import numpy as np
-    import tensorflow as tf
 
-    rng = np.random.default_rng(0)
-    size = batch_size * steps
-    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, size).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache()
+    def start(self):
+        """Starts the clock; returns it."""
+        self.started = time.perf_counter()
+        self._cpu = time.process_time()
+        return self
+
+    def stop(self):
+        """Stops the clock: sets `wall`, `cpu` and `cores`; returns it."""
+        self.wall = time.perf_counter() - self.started
+        self.cpu = time.process_time() - self._cpu
+        self.cores = self.cpu / self.wall if self.wall > 0 else 0.0
+        return self
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
 
 
 def batch_clock():

@@ -220,9 +220,11 @@ def child_train(args):
     )
     clock = common.batch_clock()
     trainer.fit(data.take(2), epochs=1, verbose=0)  # tracing
-    trainer.fit(data, epochs=1, verbose=0, callbacks=[clock])
+    with common.CpuClock() as cpu:
+        trainer.fit(data, epochs=1, verbose=0, callbacks=[clock])
     steady = clock.steady(args.batch_size, args.skip)
-    print(json.dumps({"steady": steady, "epoch": clock.whole(args.batch_size)}))
+    print(json.dumps({"steady": steady, "epoch": clock.whole(args.batch_size),
+                      "cores": cpu.cores}))
 
 
 def run_child(kind, **flags):
@@ -387,8 +389,8 @@ def validate(args, log):
         f"medians; 1-minute load average {min(loads):.1f}-{max(loads):.1f} on 2 cores.",
         "",
         "| configuration | predicted steady | measured steady | error | predicted epoch "
-        "| measured epoch | error |",
-        "|---|---|---|---|---|---|---|",
+        "| measured epoch | error | CPU/wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         steady = statistics.median(m["steady"] for m in measured[name])
@@ -396,7 +398,8 @@ def validate(args, log):
         p_steady, p_epoch = predicted[name]
         lines.append(
             f"| {name} | {p_steady:.1f} | {steady:.1f} | {_error(p_steady, steady)} "
-            f"| {p_epoch:.1f} | {epoch:.1f} | {_error(p_epoch, epoch)} |"
+            f"| {p_epoch:.1f} | {epoch:.1f} | {_error(p_epoch, epoch)} "
+            f"| {statistics.median(m['cores'] for m in measured[name]):.2f} |"
         )
     return lines
 

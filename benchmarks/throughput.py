@@ -92,7 +92,8 @@ def child(args):
     trainer.fit(warm, epochs=1, verbose=0)
     for device in devices:
         _reset_peak_memory(tf, device)
-    trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
+    with common.CpuClock() as cpu:
+        trainer.fit(full, epochs=1, verbose=0, callbacks=callbacks)
     steady = clock.steady(args.batch_size, args.skip)
     # The whole epoch: for a pipeline the executor's wall time, which includes the drain
     # (the backward passes still running after the last mini-batch's loss, which the batch
@@ -100,7 +101,7 @@ def child(args):
     pipeline = trainer.state if isinstance(trainer, tf_spectrain.PipelineModel) else None
     seconds = pipeline.epoch_seconds if pipeline is not None else None
     whole = args.steps * args.batch_size / seconds if seconds else clock.whole(args.batch_size)
-    out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb()}
+    out = {"steady": steady, "epoch": whole, "rss_mb": _peak_rss_mb(), "cores": cpu.cores}
     out["device_peak_mb"] = [_peak_memory_mb(tf, d) for d in devices]
     if pipeline is not None:
         wall = pipeline.epoch_seconds  # the whole epoch, drain included
@@ -179,8 +180,8 @@ def table(results, args, seconds):
         f"{seconds / 60:.1f} min.",
         "",
         "| configuration | N | images/s (steady) | ratio to single | images/s (whole epoch) | "
-        "ratio | utilisation per stage | bubble | peak memory (MB) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "ratio | CPU/wall | utilisation per stage | bubble | peak memory (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, n), runs in results.items():
         steady = statistics.median(r["steady"] for r in runs)
@@ -191,7 +192,8 @@ def table(results, args, seconds):
         bubble = f"{statistics.median(bubbles):.2f}" if bubbles else "-"
         lines.append(
             f"| {name} | {n} | {steady:.1f} | {steady / base:.2f} | {epoch:.1f} | "
-            f"{epoch / base_epoch:.2f} | {util_text} | {bubble} | {_memory(runs)} |"
+            f"{epoch / base_epoch:.2f} | {statistics.median(r['cores'] for r in runs):.2f} | "
+            f"{util_text} | {bubble} | {_memory(runs)} |"
         )
     return "\n".join(lines)
 

@@ -16,8 +16,9 @@ from benchmarks import throughput
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run(steady, epoch, rss, util=None, devices=None):
-    out = {"steady": steady, "epoch": epoch, "rss_mb": rss, "device_peak_mb": devices}
+def run(steady, epoch, rss, util=None, devices=None, cores=1.0):
+    out = {"steady": steady, "epoch": epoch, "rss_mb": rss, "device_peak_mb": devices,
+           "cores": cores}
     if util is not None:
         out["utilisation"] = util
         out["bubble"] = 1 - sum(util) / len(util)
@@ -27,8 +28,8 @@ def run(steady, epoch, rss, util=None, devices=None):
 RESULTS = {
     ("single", 1): [run(20.0, 19.0, 1400.0, devices=[None]),
                     run(18.0, 17.0, 1500.0, devices=[None])],
-    ("stash", 4): [run(21.0, 18.0, 2000.0, [0.5, 0.6, 0.7, 0.9], [None] * 4),
-                   run(19.0, 16.0, 2100.0, [0.7, 0.6, 0.5, 0.7], [None] * 4)],
+    ("stash", 4): [run(21.0, 18.0, 2000.0, [0.5, 0.6, 0.7, 0.9], [None] * 4, cores=1.9),
+                   run(19.0, 16.0, 2100.0, [0.7, 0.6, 0.5, 0.7], [None] * 4, cores=1.5)],
     ("dp", 4): [run(12.0, 11.0, 2100.0, devices=[100.0, 110.0, 120.0, 130.0]),
                 run(14.0, 13.0, 2300.0, devices=[300.0, 310.0, 320.0, 330.0])],
 }
@@ -59,14 +60,15 @@ def test_ratios_are_of_medians_to_single_in_the_same_run():
 def test_utilisation_bubble_and_memory_columns():
     table = rows()
     stash = table[("stash", 4)]
-    assert stash[6] == "0.60 / 0.60 / 0.60 / 0.80"  # per-stage medians of two repeats
-    assert float(stash[7]) == pytest.approx(statistics.median([1 - 2.7 / 4, 1 - 2.5 / 4]),
+    assert stash[6] == "1.70"  # CPU/wall, the median of the repeats
+    assert stash[7] == "0.60 / 0.60 / 0.60 / 0.80"  # per-stage medians of two repeats
+    assert float(stash[8]) == pytest.approx(statistics.median([1 - 2.7 / 4, 1 - 2.5 / 4]),
                                             abs=0.005)
     # CPU devices keep no memory statistics: the process' peak, median of the repeats.
-    assert stash[8] == "process 2050"
-    assert table[("single", 1)][6:8] == ["-", "-"]
+    assert stash[9] == "process 2050"
+    assert table[("single", 1)][7:9] == ["-", "-"]
     # Devices with statistics (GPUs): each device's median peak, then the process.
-    assert table[("dp", 4)][8] == "200 / 210 / 220 / 230 (process 2200)"
+    assert table[("dp", 4)][9] == "200 / 210 / 220 / 230 (process 2200)"
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has GPUs")

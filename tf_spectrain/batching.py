@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import input_checks
+from tf_spectrain.runtime.iterators import retire, without_autotune
 
 
 def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
@@ -37,7 +38,7 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
     ds = tf.data.Dataset.from_tensor_slices((inputs, y))
     if shuffle:
         ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
-    return ds.batch(batch_size).prefetch(2)
+    return without_autotune(ds.batch(batch_size).prefetch(2))
 
 
 def epoch_batches(model, x, y, batch_size, seed, epoch):
@@ -68,7 +69,7 @@ def epoch_batches(model, x, y, batch_size, seed, epoch):
     inputs = tf.nest.map_structure(permuted, inputs)
     labels = tf.nest.map_structure(permuted, y) if isinstance(y, (tuple, dict)) else permuted(y)
     ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
-    return ds.batch(batch_size).prefetch(2)
+    return without_autotune(ds.batch(batch_size).prefetch(2))
 
 
 def num_batches(ds, steps):
@@ -128,9 +129,13 @@ class EpochFeed:
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
         )
         self._iterator = iter(self.dataset) if steps_per_epoch is not None else None
+        self._epoch_iterator = None
 
     def batches(self, seed, epoch):
         """Gives the `(x, y)` mini-batches of the next epoch.
+
+        The previous epoch's iterator (if it was one per epoch) is retired: deleted on a
+        background thread (`runtime.iterators.retire`), so that no epoch waits for it.
 
         Args:
             seed: the pipeline's shuffle seed (used only for arrays shuffled per epoch).
@@ -140,6 +145,17 @@ class EpochFeed:
             An iterator of `(x, y)` batches: freshly shuffled arrays, a new pass over the
             dataset, or, with `steps_per_epoch`, the one iterator continued across epochs.
         """
+        if self._iterator is not None:
+            return self._iterator
+        retire(self._epoch_iterator)
         if self._per_epoch_order:
-            return iter(epoch_batches(*self._arrays, seed, epoch))
-        return self._iterator if self._iterator is not None else iter(self.dataset)
+            self._epoch_iterator = iter(epoch_batches(*self._arrays, seed, epoch))
+        else:
+            self._epoch_iterator = iter(self.dataset)
+        return self._epoch_iterator
+
+    def close(self):
+        """Retires the iterators still open (call when `fit` ends, however it ends)."""
+        retire(self._epoch_iterator)
+        retire(self._iterator)
+        self._epoch_iterator = self._iterator = None

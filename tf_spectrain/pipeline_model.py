@@ -268,6 +268,7 @@ class PipelineModel:
             )
         finally:
             self._loop = None
+            feed.close()
         return history
 
     def _evaluate_logs(self, data, batch_size, names=None):

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import batching, input_checks
+from tf_spectrain.runtime import iterators
 from tf_spectrain.runtime.bookkeeping import metric_logs
 from tf_spectrain.runtime.graphs import as_list, one_or_list
 
@@ -57,7 +58,7 @@ def evaluate_logs(runners, model, loss, metrics, data, batch_size, names=None):
     ds = batching.dataset(model, loss, x, y, batch_size, shuffle=False, names=names)
     tracker = keras.metrics.Mean(name="loss")
     metrics = [m.__class__.from_config(m.get_config()) for m in metrics]
-    for xb, yb in ds:
+    for xb, yb in iterators.iterate(ds):
         logits, penalty = infer(runners, xb)
         tracker.update_state(loss(yb, logits) + penalty, sample_weight=tf.shape(yb)[0])
         for m in metrics:
@@ -89,6 +90,7 @@ def predict_dataset(model, x, batch_size):
         input_checks.check_int("batch_size", bs, 1)
         input_checks.check_inputs(model, x)
         ds = tf.data.Dataset.from_tensor_slices(input_checks.model_inputs(model, x)).batch(bs)
+        ds = iterators.without_autotune(ds)
     return ds, is_dataset
 
 
@@ -107,7 +109,7 @@ def collect_outputs(runners, ds, is_dataset):
         ValueError: if `ds` yields no batch.
     """
     outputs = []
-    for xb in ds:
+    for xb in iterators.iterate(ds):
         if is_dataset and isinstance(xb, tuple) and len(xb) in (2, 3):
             xb = xb[0]  # (x, y) or (x, y, sample_weight), as in Keras
         outputs.append(np.asarray(infer(runners, xb)[0]))

@@ -1,0 +1,199 @@
+"""Do the stages of a 2-stage pipeline run at once? Images/s and CPU/wall of every mode.
+
+    python -m benchmarks.overlap                         # VGG16, batch 64, 3 rounds
+    python -m benchmarks.overlap --rounds 5 --out docs/overlap.md
+    python -m benchmarks.overlap --quick                 # small_cnn, 1 round: a smoke run
+
+The CPU stand-in for "two GPUs beat one" (issue 11). The reference is single-device Keras
+`model.fit` with one intra-op and one inter-op thread: it uses exactly one core. Every
+pipeline runs 2 stages (VGG16 cut at `block3_relu2`) with one intra-op thread, so each
+stage can use one core of two and the ideal speed-up is 2.0. Stages that recompute their
+forward (vanilla, paper SpecTrain: 2F + B on stage 0) are bounded near 1.5x at this cut.
+
+Each run is a fresh process: a warm-up fit of `--warmup` mini-batches (tracing), then a
+short timed fit of `--short` mini-batches and a long one of `--long`, each timed from the
+call of `fit` to its return (pipeline fill and drain included). Every window reports
+images/s, process CPU time / wall time (about 2 when both stages compute at once, 1 when
+they take turns) and how many seconds into the process it started. Configurations are
+interleaved over `--rounds` rounds, so that drift of the machine hits them alike; the
+table gives medians with the range over rounds, and ratios to the one-core single.
+Every configuration gets the same batches, from a `tf.data` dataset without autotuning
+(see `tf_spectrain.runtime.iterators` for why).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks import common
+
+CONFIGS = {  # name: (mode, extra options); "single-1core" is the reference
+    "single-1core": ("single", {}),
+    "keras-default-threads": ("single", {}),
+    "stash": ("stash", {}),
+    "vanilla": ("vanilla", {}),
+    "spectrain-paper": ("spectrain", {"spectrain_target": "paper"}),
+    "spectrain-consistent": ("spectrain", {"spectrain_target": "consistent"}),
+    "sync-M1": ("sync", {"micro_batches": 1}),
+    "sync-M4": ("sync", {"micro_batches": 4}),
+}
+REFERENCE = "single-1core"
+CUTS = {"vgg16": ["block3_relu2"], "small_cnn": ["pool1"]}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.overlap", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--model", default="vgg16", choices=sorted(CUTS))
+    p.add_argument("--batch-size", type=common.positive_int, default=64)
+    p.add_argument("--warmup", type=common.positive_int, default=3)
+    p.add_argument("--short", type=common.positive_int, default=8, help="mini-batches")
+    p.add_argument("--long", type=common.positive_int, default=32, help="mini-batches")
+    p.add_argument("--rounds", type=common.positive_int, default=3)
+    p.add_argument("--configs", type=common.csv_of(str, tuple(CONFIGS)), default=list(CONFIGS))
+    p.add_argument("--quick", action="store_true", help="small_cnn, short windows, 1 round")
+    p.add_argument("--out", help="also write the table to this file")
+    p.add_argument("--jsonl", help="also append every run to this JSON-lines file")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # a configuration, in a fresh process
+    args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.batch_size, args.short, args.long, args.rounds = (
+            "small_cnn", 32, 4, 8, 1)
+    if REFERENCE not in args.configs:
+        p.error(f"--configs must include {REFERENCE!r} (the reference); got {args.configs}")
+    return args
+
+
+def child(args):
+    """One configuration in this fresh process; prints one JSON line."""
+    started = time.perf_counter()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import warnings
+
+    import numpy as np
+    import tensorflow as tf
+
+    name = args.child
+    mode, options = CONFIGS[name]
+    if name != "keras-default-threads":
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    if name == REFERENCE:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+
+    import tf_spectrain
+    from tf_spectrain import trainers
+    from tf_spectrain.runtime.iterators import without_autotune
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        devices = tf_spectrain.setup_devices(1 if mode == "single" else 2)
+    keras.utils.set_random_seed(0)
+    trainer = trainers.build_trainer(
+        lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
+        mode, devices, learning_rate=0.01, momentum=0.9,
+        cuts=None if mode == "single" else CUTS[args.model], **options,
+    )
+    rng = np.random.default_rng(0)
+    b = args.batch_size
+    x = rng.normal(size=(b * max(args.warmup, args.short, args.long), 32, 32, 3))
+    x, y = x.astype("float32"), rng.integers(0, 10, len(x)).astype("int32")
+
+    def batches(n):
+        ds = tf.data.Dataset.from_tensor_slices((x[: n * b], y[: n * b]))
+        return without_autotune(ds.batch(b).prefetch(2))
+
+    trainer.fit(batches(args.warmup), epochs=1, verbose=0)
+    out = {"config": name, "model": args.model, "batch_size": b}
+    for window in ("short", "long"):
+        steps = getattr(args, window)
+        data = batches(steps)
+        clock = common.CpuClock()
+        with clock:
+            trainer.fit(data, epochs=1, verbose=0)
+        out[window] = {
+            "steps": steps, "images_per_second": steps * b / clock.wall,
+            "cores": clock.cores, "wall": clock.wall,
+            "started_after": clock.started - started,
+        }
+    print(json.dumps(out))
+
+
+def measure(name, args):
+    flags = ["--child", name, "--model", args.model, "--batch-size", str(args.batch_size),
+             "--warmup", str(args.warmup), "--short", str(args.short), "--long", str(args.long)]
+    cmd, env = common.child_command("benchmarks.overlap", flags)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _spread(values, fmt):
+    values = sorted(values)
+    median = statistics.median(values)
+    if len(values) == 1:
+        return format(median, fmt)
+    return f"{format(median, fmt)} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
+
+
+def table(results, args, minutes):
+    """Markdown: per configuration and window, medians (range) over rounds."""
+    lines = [
+        "`" + " ".join(["python -m benchmarks.overlap", *sys.argv[1:]]) + "`",
+        "",
+        f"{args.model}, batch {args.batch_size}, 2 stages at {CUTS[args.model][0]}, a warm-up "
+        f"fit of {args.warmup}, then windows of {args.short} (short) and {args.long} (long) "
+        f"mini-batches; {args.rounds} interleaved rounds of fresh processes, {minutes:.1f} "
+        "min. Medians, (min-max) over rounds; speed-up = images/s / the same round's "
+        f"{REFERENCE} images/s.",
+        "",
+        "| configuration | window | images/s | speed-up | CPU/wall | starts after (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    reference = results[REFERENCE]
+    for name, runs in results.items():
+        for window in ("short", "long"):
+            ips = [r[window]["images_per_second"] for r in runs]
+            ratios = [r[window]["images_per_second"] / ref[window]["images_per_second"]
+                      for r, ref in zip(runs, reference)]
+            lines.append(
+                f"| {name} | {window} ({args.short if window == 'short' else args.long}) | "
+                f"{_spread(ips, '.1f')} | {_spread(ratios, '.2f')} | "
+                f"{_spread([r[window]['cores'] for r in runs], '.2f')} | "
+                f"{_spread([r[window]['started_after'] for r in runs], '.0f')} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.child:
+        return child(args)
+    start = time.perf_counter()
+    results = {name: [] for name in args.configs}
+    for r in range(args.rounds):
+        for name in args.configs:
+            record = measure(name, args)
+            results[name].append(record)
+            if args.jsonl:
+                common.append_jsonl(args.jsonl, dict(record, round=r))
+            print(f"round {r + 1}: {name}: short {record['short']['images_per_second']:.1f} "
+                  f"images/s on {record['short']['cores']:.2f} cores, long "
+                  f"{record['long']['images_per_second']:.1f} on "
+                  f"{record['long']['cores']:.2f}", file=sys.stderr, flush=True)
+    text = table(results, args, (time.perf_counter() - start) / 60)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Child process of test_concurrency: times a 2-stage pipeline fit, prints CPU/wall as JSON.
+
+    python tests/concurrency_child.py [--serialise] [--mode stash] [--steps 24]
+
+One intra-op thread per op, the CPU split into 2 logical devices: each stage can use one
+core, so CPU time / wall time is about 2 when the stages run at once and about 1 when they
+run one at a time. `--serialise` makes them run one at a time (a lock around every pass), to
+show that the measurement tells the two apart.
+"""
+
+import argparse
+import json
+import os
+import threading
+import time
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def conv_model(keras):
+    """Two blocks of two convolutions; the cut after the first block halves the work."""
+    x = inp = keras.Input((32, 32, 3))
+    for block, width in ((1, 32), (2, 48)):
+        for n in (1, 2):
+            x = keras.layers.Conv2D(width, 3, padding="same", activation="relu",
+                                    name=f"block{block}_conv{n}")(x)
+        x = keras.layers.MaxPooling2D(name=f"block{block}_pool")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    return keras.Model(inp, keras.layers.Dense(10, name="logits")(x))
+
+
+def serialise(runner_cls):
+    """Makes every pass of every stage hold one process-wide lock."""
+    lock = threading.Lock()
+    for name in ("forward", "backward", "update"):
+        original = getattr(runner_cls, name)
+
+        def locked(self, *args, _original=original, **kwargs):
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        setattr(runner_cls, name, locked)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--serialise", action="store_true")
+    p.add_argument("--mode", default="stash")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--batch-size", type=int, default=32)
+    args = p.parse_args()
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    import keras
+
+    import tf_spectrain
+    from tf_spectrain.runtime.stage import StageRunner
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        devices = tf_spectrain.setup_devices(2)
+    if args.serialise:
+        serialise(StageRunner)
+    keras.utils.set_random_seed(0)
+    pipe = tf_spectrain.PipelineModel(
+        conv_model(keras), cuts=["block1_pool"], devices=devices, mode=args.mode
+    )
+    pipe.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    b = args.batch_size
+    x = rng.normal(size=(b * args.steps, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, len(x))
+    pipe.fit(x[: 3 * b], y[: 3 * b], batch_size=b, epochs=1, verbose=0)  # tracing
+    cpu, wall = time.process_time(), time.perf_counter()
+    pipe.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(json.dumps({"cores": cpu / wall, "wall": wall, "cpu": cpu}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The stages of a pipeline really run at once: CPU time against wall time in a subprocess.
+
+Each stage's thread can use one core (one intra-op thread per op, two logical devices on
+two cores), so a 2-stage fit whose stages overlap uses clearly more than one core, and one
+whose stages take turns uses one. A fresh process per measurement: TensorFlow's thread
+settings are fixed when it starts. `--serialise` (a lock around every pass) stands in for a
+runtime that runs the stages one at a time, and must be caught.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).with_name("concurrency_child.py")
+ROOT = CHILD.parent.parent
+OVERLAPPED = 1.4  # the stages used more than this many cores at once
+SERIAL = 1.25  # ... and at most this many when they take turns
+
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores to show overlap"
+)
+
+
+def cores(*args):
+    """Runs the child; returns its process CPU time / wall time over the timed fit."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run(
+        [sys.executable, str(CHILD), *args], capture_output=True, text=True, timeout=600,
+        env=env, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    print(args, record)
+    return record["cores"]
+
+
+@needs_two_cores
+@pytest.mark.parametrize("mode", ["stash", "spectrain"])
+def test_two_stages_use_more_than_one_core(mode):
+    assert cores("--mode", mode) > OVERLAPPED
+
+
+@needs_two_cores
+def test_stages_that_take_turns_are_caught():
+    assert cores("--serialise") < SERIAL
