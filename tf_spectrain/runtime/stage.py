@@ -114,7 +114,7 @@ class StageRunner:
         if not self.is_last:
             return as_list(outputs), penalty, new_state, None
         loss = self.loss(labels, outputs)
-        return [loss * scale], penalty, new_state, outputs
+        return [loss * tf.cast(scale, loss.dtype)], penalty, new_state, outputs
 
     def _forward(self, inputs, labels, scale, steps):
         with tf.device(self.device):
