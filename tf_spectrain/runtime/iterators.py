@@ -15,6 +15,7 @@ the wait (which uses no CPU and releases the GIL) is spent off the critical path
 """
 
 import atexit
+import os
 import queue
 import sys
 import threading
@@ -51,12 +52,14 @@ class _Reaper:
         self._done = threading.Condition()
         self._pending = 0
         self._thread = None
+        self._pid = None  # a forked child has no reaper thread yet
 
     def retire(self, obj):
         """Queues `obj` for deletion on the reaper thread."""
         with self._done:
             self._pending += 1
-            if self._thread is None:
+            if self._thread is None or self._pid != os.getpid():
+                self._pid = os.getpid()
                 self._thread = threading.Thread(
                     target=self._run, name="tf_spectrain-iterator-reaper", daemon=True
                 )
