@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from benchmarks import sync_gradient
 
@@ -33,6 +34,7 @@ def test_every_cut_of_a_branchy_model_equals_keras_after_one_step():
     for row in rows:
         assert row["relative_error"] < 1e-4, row
         assert row["variables_off"] == 0, row
+        assert row["relu_flips"] == 0 and row["keras_eager"] < 1e-5, row
 
 
 def test_relative_error_sees_a_wrong_gradient():
@@ -82,3 +84,62 @@ def test_cut_sensitivity_is_large_where_max_pooling_meets_ties():
     x[:, 1::2, ::2, 1] = x[:, ::2, 1::2, 1] = 1.0
     sensitivity = sync_gradient.cut_sensitivity(pooled, x, np.array([0, 1]), position=1)
     assert sensitivity > 0.01
+
+
+def _two_relus(signs):
+    """Dense, ReLU, Dense, ReLU, Dense: each ReLU's input is the bias `sign * 1e-3` before it.
+
+    `signs` yields one pair of signs per build, so two builds can put the ReLU inputs on
+    opposite sides of 0, as two graphs' rounding can for an input within float noise of 0.
+    """
+
+    def build():
+        first, second = next(signs)
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,))
+        h = keras.layers.Dense(4, kernel_initializer="zeros",
+                               bias_initializer=keras.initializers.Constant(first * 1e-3))(inputs)
+        h = keras.layers.ReLU(name="r0")(h)
+        h = keras.layers.Dense(4, kernel_initializer="zeros",
+                               bias_initializer=keras.initializers.Constant(second * 1e-3))(h)
+        h = keras.layers.Activation("relu", name="r1")(h)
+        return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "keras_signs, pipe_signs, flips",
+    [((1, 1), (1, 1), 0), ((1, -1), (1, -1), 0), ((1, 1), (-1, 1), 4 * 2),
+     ((1, 1), (1, -1), 4 * 2), ((1, -1), (-1, 1), 2 * 4 * 2)],
+)
+def test_relu_flips_counts_the_relu_inputs_of_the_other_sign_in_either_stage(
+    keras_signs, pipe_signs, flips
+):
+    # relu_flips builds Keras' model first and the pipeline's second; the cut after r0
+    # leaves r0 in stage 0 and r1 in stage 1, with 4 units each, on a batch of 2.
+    build = _two_relus(iter([keras_signs, pipe_signs]))
+    x = np.random.default_rng(0).normal(size=(2, 3)).astype("float32")
+    got = sync_gradient.relu_flips(build, x, np.array([0, 1]), 2, ["/CPU:0", "/CPU:1"])
+    assert got == flips
+
+
+def test_keras_eager_error_is_float_noise_for_a_smooth_model_and_sees_an_eager_only_change():
+    def model(eager_factor):
+        def build():
+            keras.utils.set_random_seed(0)
+            inputs = keras.Input((5,))
+            h = keras.layers.Dense(6, activation="tanh", name="hidden")(inputs)
+            # Scales by eager_factor only when run eagerly: Keras' fit and its eager run
+            # then take different steps, which keras_eager_error must show.
+            h = keras.layers.Lambda(
+                lambda t: t * (eager_factor if tf.executing_eagerly() else 1.0)
+            )(h)
+            return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+
+        return build
+
+    x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
+    y = np.arange(4) % 3
+    assert sync_gradient.keras_eager_error(model(1.0), x, y) < 1e-5
+    assert sync_gradient.keras_eager_error(model(2.0), x, y) > 0.1
