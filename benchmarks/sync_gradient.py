@@ -55,9 +55,15 @@ def parse_args(argv):
                    help="cut after these layer positions instead (e.g. 103,155)")
     p.add_argument("--batch-size", type=common.positive_int, default=4)
     p.add_argument("--seed", type=common.non_negative_int, default=0)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error")
+    p.add_argument("--tolerance", type=float, help="largest relative error "
+                   "(default: 1e-4 in float32, 1e-9 in float64)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="the models' dtype; float64 leaves no ReLU within rounding of 0")
     p.add_argument("--out", help="also append every row to this JSON-lines file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.tolerance is None:
+        args.tolerance = 1e-4 if args.dtype == "float32" else 1e-9
+    return args
 
 
 def evenly_spaced(items, count):
@@ -208,6 +214,7 @@ def relu_flips(build, x, y, position, devices):
         x, y: one mini-batch.
         position: the index into the model's `layers` to cut after.
         devices: the two device names of the stages.
+        diagnostics: also measure `keras_sensitivity` and `relu_flips` (None if not).
 
     Returns:
         The number of ReLU input elements whose sign (`> 0`) differs between the two,
@@ -271,7 +278,7 @@ def relu_flips(build, x, y, position, devices):
     return int(sum(np.sum((np.asarray(got[n]) > 0) != (e > 0)) for n, e in zip(names, expected)))
 
 
-def sweep(build, x, y, positions, devices):
+def sweep(build, x, y, positions, devices, diagnostics=True):
     """One row per cut: the pipeline's one sync step against Keras' (see the module doc).
 
     Args:
@@ -280,6 +287,7 @@ def sweep(build, x, y, positions, devices):
         positions: indices into the model's `layers` to cut after (one 2-stage pipeline
             each; by position, since Keras names unnamed layers anew in every build).
         devices: the two device names of the stages.
+        diagnostics: also measure `keras_sensitivity` and `relu_flips` (None if not).
 
     Returns:
         A list of dicts with `position`, `cut` (the layer's name), `crossing`,
@@ -315,12 +323,17 @@ def sweep(build, x, y, positions, devices):
                 "relative_error": error,
                 "variables_off": off,
                 "variables": len(got),
-                "keras_sensitivity": cut_sensitivity(build, x, y, position),
+                "keras_sensitivity": (
+                    cut_sensitivity(build, x, y, position) if diagnostics else None),
                 "keras_eager": keras_eager,
-                "relu_flips": relu_flips(build, x, y, position, devices),
+                "relu_flips": relu_flips(build, x, y, position, devices) if diagnostics else None,
             }
         )
     return rows
+
+
+def _cell(value, fmt):
+    return "-" if value is None else format(value, fmt)
 
 
 def main(argv=None):
@@ -329,7 +342,10 @@ def main(argv=None):
     import keras
     import numpy as np
 
+    keras.config.set_floatx(args.dtype)
+    float32 = args.dtype == "float32"
     worst = 0.0
+    print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
     print("| model | cut after (position, name) | tensors crossing | relative error "
           "| variables off | Keras' own gradient, crossing tensors moved by 1e-6 "
           "| Keras' fit, run eagerly | ReLU inputs of the other sign |")
@@ -343,18 +359,18 @@ def main(argv=None):
             return application(weights=None, input_shape=(size, size, 3), classes=10)
 
         rng = np.random.default_rng(args.seed)
-        x = rng.normal(size=(args.batch_size, size, size, 3)).astype("float32")
+        x = rng.normal(size=(args.batch_size, size, size, 3)).astype(args.dtype)
         y = np.arange(args.batch_size) % 10
         positions = args.positions or evenly_spaced(range(1, len(build().layers) - 1), args.cuts)
-        for row in sweep(build, x, y, positions, devices):
+        for row in sweep(build, x, y, positions, devices, diagnostics=float32):
             row["model"] = name
             worst = max(worst, row["relative_error"])
             mark = " **over**" if row["relative_error"] > args.tolerance else ""
             print(
                 f"| {name} | {row['position']} {row['cut']} | {row['crossing']} | "
                 f"{row['relative_error']:.2e}{mark} | {row['variables_off']} of "
-                f"{row['variables']} | {row['keras_sensitivity']:.2e} | "
-                f"{row['keras_eager']:.2e} | {row['relu_flips']} |",
+                f"{row['variables']} | {_cell(row['keras_sensitivity'], '.2e')} | "
+                f"{row['keras_eager']:.2e} | {_cell(row['relu_flips'], 'd')} |",
                 flush=True,
             )
             if args.out:

@@ -143,3 +143,11 @@ def test_keras_eager_error_is_float_noise_for_a_smooth_model_and_sees_an_eager_o
     y = np.arange(4) % 3
     assert sync_gradient.keras_eager_error(model(1.0), x, y) < 1e-5
     assert sync_gradient.keras_eager_error(model(2.0), x, y) > 0.1
+
+
+def test_the_tolerance_follows_the_dtype():
+    assert sync_gradient.parse_args([]).tolerance == 1e-4
+    assert sync_gradient.parse_args(["--dtype", "float64"]).tolerance == 1e-9
+    assert sync_gradient.parse_args(["--dtype", "float64", "--tolerance", "1e-6"]).tolerance == 1e-6
+    with pytest.raises(SystemExit):
+        sync_gradient.parse_args(["--dtype", "float16"])
