@@ -1,11 +1,13 @@
 """Child process of test_concurrency: times a 2-stage pipeline fit, prints CPU/wall as JSON.
 
-    python tests/concurrency_child.py [--serialise] [--mode stash] [--steps 24]
+    python tests/concurrency_child.py [--serialise] [--mode stash] [--steps 40]
 
 One intra-op thread per op, the CPU split into 2 logical devices: each stage can use one
 core, so CPU time / wall time is about 2 when the stages run at once and about 1 when they
-run one at a time. `--serialise` makes them run one at a time (a lock around every pass), to
-show that the measurement tells the two apart.
+run one at a time (a little more: with two inter-op threads, independent ops of one pass,
+such as a backward's weight and input gradients, run side by side). `--serialise` makes
+the stages take turns (a lock around every pass), to show that the measurement tells the
+two apart.
 """
 
 import argparse
@@ -21,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def conv_model(keras):
     """Two blocks of two convolutions; the cut after the first block halves the work."""
     x = inp = keras.Input((32, 32, 3))
-    for block, width in ((1, 32), (2, 48)):
+    for block, width in ((1, 32), (2, 64)):
         for n in (1, 2):
             x = keras.layers.Conv2D(width, 3, padding="same", activation="relu",
                                     name=f"block{block}_conv{n}")(x)
@@ -47,8 +49,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--serialise", action="store_true")
     p.add_argument("--mode", default="stash")
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args()
     import numpy as np
     import tensorflow as tf
@@ -68,7 +70,7 @@ def main():
     pipe = tf_spectrain.PipelineModel(
         conv_model(keras), cuts=["block1_pool"], devices=devices, mode=args.mode
     )
-    pipe.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+    pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     b = args.batch_size

@@ -17,8 +17,11 @@ import pytest
 
 CHILD = Path(__file__).with_name("concurrency_child.py")
 ROOT = CHILD.parent.parent
-OVERLAPPED = 1.4  # the stages used more than this many cores at once
-SERIAL = 1.25  # ... and at most this many when they take turns
+# Measured here: 1.75-1.77 cores for stash and paper SpecTrain, 1.32-1.33 with the stages
+# taking turns (independent ops inside one pass still run side by side on the two
+# inter-op threads, so not 1.0).
+OVERLAPPED = 1.55  # stages that run at once use more than this many cores
+MARGIN = 0.2  # ... and this many more than the same pipeline with its stages taking turns
 
 needs_two_cores = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores to show overlap"
@@ -39,12 +42,20 @@ def cores(*args):
     return record["cores"]
 
 
+@pytest.fixture(scope="module")
+def taking_turns():
+    """CPU/wall of the same pipeline with a lock that lets one stage compute at a time."""
+    return cores("--serialise")
+
+
 @needs_two_cores
 @pytest.mark.parametrize("mode", ["stash", "spectrain"])
-def test_two_stages_use_more_than_one_core(mode):
-    assert cores("--mode", mode) > OVERLAPPED
+def test_two_stages_use_more_than_one_core(mode, taking_turns):
+    used = cores("--mode", mode)
+    assert used > OVERLAPPED
+    assert used > taking_turns + MARGIN
 
 
 @needs_two_cores
-def test_stages_that_take_turns_are_caught():
-    assert cores("--serialise") < SERIAL
+def test_stages_that_take_turns_are_caught(taking_turns):
+    assert taking_turns < OVERLAPPED
