@@ -149,6 +149,8 @@ class StageRunner:
             return grads[: len(weights)], grads[len(weights) :]
 
     def _apply(self, grads):
+        if not self.trainable:
+            return  # a stage without weights (e.g. only padding or rescaling) has no update
         with tf.device(self.device):
             self.optimizer.apply_gradients(zip(grads, self.trainable))
 
