@@ -121,7 +121,8 @@ def child_profile(args):
     from tf_spectrain import costmodel
 
     model = build_model(args.model)
-    profile = costmodel.profile_model(model, args.batch_size, repeats=args.repeats)
+    with common.CpuClock() as cpu:
+        profile = costmodel.profile_model(model, args.batch_size, repeats=args.repeats)
     step = train_step_workload(args.model, args.batch_size, keras_step=True)(None)
     step()
     whole = statistics.median(_seconds(step) for _ in range(3))
@@ -130,7 +131,7 @@ def child_profile(args):
     device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     print(json.dumps({
         "profile": profile.to_dict(), "cpu_flops": matmul_flops(), "whole_step": whole,
-        "device": device,
+        "device": device, "profile_cores": cpu.cores,
     }))
 
 
@@ -362,7 +363,8 @@ def validate(args, log):
         profiles.append(costmodel.ModelProfile.from_dict(result["profile"]))
         whole.append(result["whole_step"])
         log(f"round {r + 1}: profile {profiles[-1].forward_time:.3f} s forward, "
-            f"{profiles[-1].backward_time:.3f} s backward")
+            f"{profiles[-1].backward_time:.3f} s backward, on {result['profile_cores']:.2f} "
+            "cores (CPU/wall)")
         # The cuts come from the first profile and stay fixed for every measurement.
         cuts = cuts or costmodel.best_cuts(profiles[0], hw, args.batch_size)
         for name in names:
@@ -517,7 +519,8 @@ def main():
         profile = costmodel.ModelProfile.from_dict(result["profile"])
         profiles[name] = (profile, result["cpu_flops"], result["device"])
         log(f"profiled {name} on {result['device']}: {profile}, "
-            f"{result['cpu_flops'] / 1e9:.0f} GFLOP/s")
+            f"{result['cpu_flops'] / 1e9:.0f} GFLOP/s, on {result['profile_cores']:.2f} cores "
+            "(CPU/wall)")
     command = " ".join(["python", "-m", "benchmarks.speedup"] + sys.argv[1:])
     text = [
         f"`{command}`",
