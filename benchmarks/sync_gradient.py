@@ -9,7 +9,8 @@ initial weights, on the same mini-batch) to float precision at every cut. For ea
 (`keras.applications`, `weights=None`) and each of `--cuts` evenly spaced cut layers, the
 script reports `|W_pipe - W_keras| / |W_keras - W_0|` over the trainable weights, the
 number of variables off by more than 1e-3 of their own step, and the tensors crossing the
-cut; a row over `--tolerance` is marked. Too slow for CI: a few seconds per cut.
+cut; a row over `--tolerance` is marked. Too slow for CI: a few seconds per cut. Each
+model runs in a fresh process (a sweep's memory grows with every model built).
 
 Then the model's own sensitivity at that cut (`cut_sensitivity`): how far
 its gradient moves when the tensors crossing the cut move by 1e-6. Max pooling and ReLU
@@ -30,6 +31,7 @@ the pipeline differs by, and the pipeline then agrees with it to 1.4e-4.)
 """
 
 import argparse
+import subprocess
 import sys
 
 from benchmarks import common
@@ -60,6 +62,7 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="the models' dtype; float64 leaves no ReLU within rounding of 0")
     p.add_argument("--out", help="also append every row to this JSON-lines file")
+    p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tolerance is None:
         args.tolerance = 1e-4 if args.dtype == "float32" else 1e-9
@@ -336,8 +339,32 @@ def _cell(value, fmt):
     return "-" if value is None else format(value, fmt)
 
 
+HEADER = (
+    "| model | cut after (position, name) | tensors crossing | relative error "
+    "| variables off | Keras' own gradient, crossing tensors moved by 1e-6 "
+    "| Keras' fit, run eagerly | ReLU inputs of the other sign |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def per_model_processes(argv, args):
+    """Runs each model in a fresh process (a sweep's memory grows with every build)."""
+    print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
+    print(HEADER, flush=True)
+    status = 0
+    for name in args.models:
+        cmd, env = common.child_command(
+            "benchmarks.sync_gradient", [*argv, "--models", name, "--no-header"]
+        )
+        status = max(status, subprocess.run(cmd, env=env, check=False).returncode)
+    return status
+
+
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if len(args.models) > 1:
+        return per_model_processes(argv, args)
     devices = common.prepare_tensorflow(2)
     import keras
     import numpy as np
@@ -345,11 +372,9 @@ def main(argv=None):
     keras.config.set_floatx(args.dtype)
     float32 = args.dtype == "float32"
     worst = 0.0
-    print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
-    print("| model | cut after (position, name) | tensors crossing | relative error "
-          "| variables off | Keras' own gradient, crossing tensors moved by 1e-6 "
-          "| Keras' fit, run eagerly | ReLU inputs of the other sign |")
-    print("|---|---|---|---|---|---|---|---|")
+    if not args.no_header:
+        print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
+        print(HEADER)
     for name in args.models:
         size = MODELS[name]
         application = getattr(keras.applications, name)

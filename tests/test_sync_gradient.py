@@ -151,3 +151,22 @@ def test_the_tolerance_follows_the_dtype():
     assert sync_gradient.parse_args(["--dtype", "float64", "--tolerance", "1e-6"]).tolerance == 1e-6
     with pytest.raises(SystemExit):
         sync_gradient.parse_args(["--dtype", "float16"])
+
+
+def test_several_models_run_one_process_each(monkeypatch, capsys):
+    calls = []
+
+    class Done:
+        def __init__(self, code):
+            self.returncode = code
+
+    def fake_run(cmd, env, check):
+        calls.append(cmd)
+        return Done(1 if "ResNet50" in cmd[-2] else 0)
+
+    monkeypatch.setattr(sync_gradient.subprocess, "run", fake_run)
+    status = sync_gradient.main(["--models", "ResNet50,Xception", "--dtype", "float64"])
+    assert status == 1  # the worst child's status
+    assert [c[c.index("--models", 5) + 1] for c in calls] == ["ResNet50", "Xception"]
+    assert all(c[-1] == "--no-header" and "float64" in c for c in calls)
+    assert capsys.readouterr().out.count("| model |") == 1
