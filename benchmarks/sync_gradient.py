@@ -370,6 +370,7 @@ def main(argv=None):
     import numpy as np
 
     keras.config.set_floatx(args.dtype)
+    keras.config.set_dtype_policy(args.dtype)  # a cached global policy would win over floatx
     float32 = args.dtype == "float32"
     worst = 0.0
     if not args.no_header:

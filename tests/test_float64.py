@@ -16,11 +16,15 @@ from tf_spectrain.pipeline_model import PipelineModel
 
 @pytest.fixture
 def float64():
+    # Both: a global dtype policy (another test may have set one) wins over floatx.
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     try:
         yield
     finally:
-        keras.config.set_floatx("float32")
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
 
 
 def branchy_model():
