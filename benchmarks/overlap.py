@@ -171,6 +171,23 @@ def table(results, args, minutes):
     return "\n".join(lines)
 
 
+def runs_table(results):
+    """Markdown: every run of every configuration, round by round (images/s and CPU/wall)."""
+    lines = [
+        "| configuration | round | short: images/s | short: CPU/wall | long: images/s "
+        "| long: CPU/wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        for r, run in enumerate(runs, 1):
+            lines.append(
+                f"| {name} | {r} | {run['short']['images_per_second']:.1f} | "
+                f"{run['short']['cores']:.2f} | {run['long']['images_per_second']:.1f} | "
+                f"{run['long']['cores']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.child:
@@ -188,6 +205,7 @@ def main(argv=None):
                   f"{record['long']['images_per_second']:.1f} on "
                   f"{record['long']['cores']:.2f}", file=sys.stderr, flush=True)
     text = table(results, args, (time.perf_counter() - start) / 60)
+    text += "\n\nEvery run:\n\n" + runs_table(results)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

@@ -48,3 +48,10 @@ def test_arguments():
         overlap.parse_args(["--configs", "stash"])  # no reference
     with pytest.raises(SystemExit):
         overlap.parse_args(["--configs", "single-1core,bogus"])
+
+
+def test_every_run_is_listed_with_its_cpu_per_wall():
+    lines = overlap.runs_table(RESULTS).splitlines()[2:]
+    assert len(lines) == 6
+    cells = [c.strip() for c in lines[4].strip("|").split("|")]
+    assert cells == ["stash", "2", "60.0", "1.20", "84.0", "1.85"]
