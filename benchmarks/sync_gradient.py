@@ -217,7 +217,6 @@ def relu_flips(build, x, y, position, devices):
         x, y: one mini-batch.
         position: the index into the model's `layers` to cut after.
         devices: the two device names of the stages.
-        diagnostics: also measure `keras_sensitivity` and `relu_flips` (None if not).
 
     Returns:
         The number of ReLU input elements whose sign (`> 0`) differs between the two,
