@@ -414,6 +414,26 @@ class CpuClock:
         return False
 
 
+def synthetic_images(batch_size, steps):
+    """`steps` cached mini-batches of random 32x32x3 images and labels of 10 classes.
+
+    The data come from a NumPy generator seeded with 0: every configuration and every
+    process times the same batches.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_spectrain.runtime.iterators import without_autotune
+
+    rng = np.random.default_rng(0)
+    size = batch_size * steps
+    x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size).astype("int32")
+    # No autotuner: deleting an autotuned iterator can leave the cores idle for seconds at
+    # the end of every epoch (tf_spectrain.runtime.iterators), in Keras' fit as in ours.
+    return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache())
+
+
 def batch_clock():
     """A Keras callback that times an epoch mini-batch by mini-batch.
 

@@ -428,3 +428,13 @@ def test_the_benchmarks_take_the_library_modes():
 
     assert common.BASELINES == modes.BASELINES
     assert {mode for mode, _ in common.CONFIGS.values()} == set(modes.ALL_MODES)
+
+
+def test_synthetic_images_are_fixed_batches_without_an_autotuner():
+    ds = common.synthetic_images(batch_size=4, steps=3)
+    assert ds.options().autotune.enabled is False
+    batches = [(x.numpy(), y.numpy()) for x, y in ds]
+    assert [x.shape for x, _ in batches] == [(4, 32, 32, 3)] * 3
+    again = [x.numpy() for x, _ in common.synthetic_images(batch_size=4, steps=3)]
+    np.testing.assert_array_equal(batches[0][0], again[0])  # the same data in every process
+    assert all(0 <= y.min() and y.max() < 10 for _, y in batches)
