@@ -21,6 +21,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -65,6 +66,26 @@ def child_command(module, args, env=None):
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return [sys.executable, "-m", module, *args], env
+
+
+def run_json_child(module, args, what, env=None):
+    """Runs `python -m <module> <args>` in a fresh process; returns its last line as JSON.
+
+    Args:
+        module, args, env: as for `child_command`.
+        what: names the measurement in the error, e.g. `"stash"`.
+
+    Returns:
+        The object the child printed as JSON on its last line of output.
+
+    Raises:
+        RuntimeError: if the child failed; the message ends with its stderr's tail.
+    """
+    cmd, env = child_command(module, args, env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --- TensorFlow set-up -------------------------------------------------------------------

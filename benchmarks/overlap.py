@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -127,11 +126,7 @@ def child(args):
 def measure(name, args):
     flags = ["--child", name, "--model", args.model, "--batch-size", str(args.batch_size),
              "--warmup", str(args.warmup), "--short", str(args.short), "--long", str(args.long)]
-    cmd, env = common.child_command("benchmarks.overlap", flags)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return common.run_json_child("benchmarks.overlap", flags, name)
 
 
 def _spread(values, fmt):

@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -233,13 +232,10 @@ def run_child(kind, **flags):
     args = ["--child", kind]
     for key, value in flags.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
-    cmd, env = common.child_command(
-        "benchmarks.speedup", args, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return common.run_json_child(
+        "benchmarks.speedup", args, f"child {kind} {flags}",
+        dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"child {kind} {flags} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --- predictions for 4 GPUs ---------------------------------------------------------------

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -144,11 +143,7 @@ def measure(name, args, stages):
         flags.append("--telemetry")
     if args.pipeline_intra_op and config["mode"] not in common.BASELINES:
         flags += ["--intra-op", str(args.pipeline_intra_op)]
-    cmd, env = common.child_command("benchmarks.throughput", flags)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return common.run_json_child("benchmarks.throughput", flags, name)
 
 
 def _median_list(runs, key):

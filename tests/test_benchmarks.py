@@ -430,6 +430,11 @@ def test_the_benchmarks_take_the_library_modes():
     assert {mode for mode, _ in common.CONFIGS.values()} == set(modes.ALL_MODES)
 
 
+def test_run_json_child_names_a_failed_child_and_shows_its_stderr():
+    with pytest.raises(RuntimeError, match=r"(?s)overlap smoke failed:\n.*--bogus"):
+        common.run_json_child("benchmarks.overlap", ["--bogus"], "overlap smoke")
+
+
 def test_synthetic_images_are_fixed_batches_without_an_autotuner():
     ds = common.synthetic_images(batch_size=4, steps=3)
     assert ds.options().autotune.enabled is False
