@@ -1,6 +1,7 @@
 """`PipelineModel`: train a Keras model as a pipeline of stages, with the Keras workflow.
 
-    pipe = tf_spectrain.PipelineModel(model, cuts=["block2_pool", "block3_pool"])
+    pipe = tf_spectrain.PipelineModel(model)  # cuts="auto": planned from measured time
+    print(pipe.partition_plan)
     pipe.compile(optimizer=tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss=..., metrics=[...])
     pipe.fit(x, y, batch_size=128, epochs=10, validation_data=(xv, yv), callbacks=[...])
 
@@ -14,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import batching, checks, compile_utils, input_checks, modes, partition
+from tf_spectrain import autocuts, batching, checks, compile_utils, input_checks, modes, partition
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime import inference
@@ -24,6 +25,7 @@ from tf_spectrain.runtime.stage import build_runners
 from tf_spectrain.runtime.state import PipelineState, Progress
 
 ON_NAN = modes.ON_NAN
+AUTO = autocuts.AUTO
 
 __all__ = ["NonFiniteLossError", "PipelineModel"]
 
@@ -41,11 +43,23 @@ class PipelineModel:
     """A Keras model trained as a pipeline of stages on several devices.
 
     Args:
-        model: a functional or Sequential `keras.Model` (every layer called once). After
-            `fit` it holds the trained weights.
-        cuts: layer names; each ends a stage, so there are `len(cuts) + 1` stages.
+        model: a functional or Sequential `keras.Model` (every layer called once; nested
+            functional models are cut as one graph of their layers). After `fit` it holds
+            the trained weights.
+        cuts: `"auto"` (the default) to plan the cuts from measured time, or a list of
+            layer names; each ends a stage, so there are `len(cuts) + 1` stages. With
+            `"auto"` every layer's forward and backward is timed on the stage devices at
+            `profile_batch_size` (on random inputs; BatchNorm statistics are restored),
+            the cuts that make the slowest stage fastest are chosen (its hand-offs and,
+            in `vanilla` and paper `spectrain`, the recomputed forward included), checked
+            by timing the planned stages and re-planned with those timings (see
+            `tf_spectrain.costmodel.auto_partition`). `partition_plan` then shows the
+            plan; `fit` never re-cuts.
         devices: one device name per stage (names may repeat), or None for the first
             `N` distinct devices, GPUs first (see `tf_spectrain.setup_devices`).
+        num_stages: with `cuts="auto"`, the number of stages; None means `len(devices)`,
+            else every GPU if there are any, else every logical CPU device. With a list of
+            cuts it must be `len(cuts) + 1` or None.
         mode: `"sync"` (sequential SGD, no staleness), `"vanilla"` (naive pipelining),
             `"stash"` (PipeDream weight stashing) or `"spectrain"` (weight prediction).
         spectrain_target: `"paper"` (the paper's version gaps, backward recomputed at its
@@ -54,8 +68,20 @@ class PipelineModel:
         micro_batches: `sync` mode only: split every mini-batch into this many
             micro-batches that fill and drain the pipeline (GPipe); one update per
             mini-batch.
+        profile_batch_size: with `cuts="auto"`, the batch size to profile and plan at
+            (use the training batch size; `train.py` passes `--batch-size`).
+        memory_limit: with `cuts="auto"`, None or the bytes each device may hold (a
+            number, or a list of one per stage): plans whose stage needs more (weights,
+            optimizer slots, the activations and weight versions of its mini-batches in
+            flight) are left out; a `costmodel.MemoryLimitError` says what the plan needing
+            least memory needs when none fits.
+        link_bandwidth: with `cuts="auto"`, bytes/s between neighbouring devices; None
+            measures it between GPUs and takes CPU devices' hand-offs as free.
 
     Attributes:
+        cuts: the cut layer names (chosen or given). `partition_plan`: the
+            `costmodel.PartitionPlan` of `cuts="auto"` (`print(pipe.partition_plan)`
+            shows a table), else None.
         stages: the per-stage Keras models, each on its device. `runners`: each stage's
             `runtime.stage.StageRunner` (after `compile`). `plans`: each stage's
             `modes.PassPlan`. `progress`: the `runtime.state.Progress` of `fit`.
@@ -71,7 +97,17 @@ class PipelineModel:
     """
 
     def __init__(
-        self, model, cuts, devices=None, mode="spectrain", spectrain_target="paper", micro_batches=1
+        self,
+        model,
+        cuts="auto",
+        devices=None,
+        num_stages=None,
+        mode="spectrain",
+        spectrain_target="paper",
+        micro_batches=1,
+        profile_batch_size=32,
+        memory_limit=None,
+        link_bandwidth=None,
     ):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -85,27 +121,83 @@ class PipelineModel:
                 f"Received: micro_batches={micro_batches}, mode={mode!r}"
             )
         self.model = model
-        self._split = partition.split_model(model, cuts)
-        self.cuts = list(cuts)
-        self.num_stages = len(self._split)
-        if devices is None:
-            devices = devices_lib.default_devices(self.num_stages)
         self.mode = mode
         self.spectrain_target = spectrain_target
         self.micro_batches = int(micro_batches)
-        self.stages = partition.place_stages(self._split, devices)
-        self.devices = list(devices)
-        self.plans = [
-            modes.pass_plan(mode, k, self.num_stages, spectrain_target)
-            for k in range(self.num_stages)
-        ]
-        self.runners = None
-        self.optimizer = None
+        self.partition_plan = None
+        if isinstance(cuts, str) and cuts == AUTO:
+            devices = autocuts.stage_devices(devices, num_stages)
+            profile_batch_size = input_checks.check_int(
+                "profile_batch_size", profile_batch_size, 1
+            )
+            if len(devices) > 1:
+                self.partition_plan = autocuts.plan(
+                    model, devices, profile_batch_size, mode, spectrain_target,
+                    self.micro_batches, memory_limit, link_bandwidth,
+                )
+            cuts = [] if self.partition_plan is None else self.partition_plan.cuts
+        else:
+            autocuts.check_given_cuts(cuts, num_stages)
+        self._compiled_with = None
+        self._build(list(cuts), devices)
         self.progress = Progress()
         self._loop = None  # the FitLoop of a `fit` in progress
         # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
         self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
         self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
+
+    def _build(self, cuts, devices):
+        """Splits the model at `cuts` and places the stages on `devices` (None: defaults)."""
+        self._split = partition.split_model(self.model, cuts)
+        self.cuts = list(cuts)
+        self.num_stages = len(self._split)
+        if devices is None:
+            devices = devices_lib.default_devices(self.num_stages)
+        self.stages = partition.place_stages(self._split, devices)
+        self.devices = list(devices)
+        self.plans = [
+            modes.pass_plan(self.mode, k, self.num_stages, self.spectrain_target)
+            for k in range(self.num_stages)
+        ]
+        self.runners = None
+        self.optimizer = None
+
+    def use_cuts(self, cuts):
+        """Re-cuts a pipeline whose cuts were planned (`cuts="auto"`), before training.
+
+        A restored checkpoint uses this to train at the cuts it was saved with (timings
+        vary between runs, so a fresh plan may differ). The stages are rebuilt from the
+        model's current weights on the same devices, and compiled again as before.
+
+        Args:
+            cuts: a list of `num_stages - 1` layer names.
+
+        Raises:
+            ValueError: if the cuts were given rather than planned and differ, the number
+                of stages would change, or training has started.
+            TypeError, ValueError: for cuts that are not layers of the model.
+        """
+        cuts = list(checks.check_instance("cuts", cuts, (list, tuple)))
+        if cuts == self.cuts:
+            return
+        if self.partition_plan is None:
+            raise ValueError(
+                f"This pipeline was built with the cuts {self.cuts}; only planned cuts "
+                f"(cuts='auto') can be replaced. Received: cuts={cuts}"
+            )
+        if len(cuts) != len(self.cuts):
+            raise ValueError(
+                f"`cuts` must keep the pipeline's {self.num_stages} stages "
+                f"({self.num_stages - 1} cuts). Received: cuts={cuts}"
+            )
+        if self._loop is not None:
+            raise ValueError("`use_cuts` cannot re-cut a pipeline while `fit` runs.")
+        self.copy_weights_to_model()
+        compiled = self._compiled_with
+        self._build(cuts, self.devices)
+        self.partition_plan = None
+        if compiled is not None:
+            self.compile(*compiled)
 
     def compile(self, optimizer, loss, metrics=None):
         """Configures training, as `keras.Model.compile`.
@@ -130,10 +222,12 @@ class PipelineModel:
         self.loss = compile_utils.resolve_loss(loss)
         self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
         self.optimizer = optimizer
+        self._compiled_with = (optimizer, loss, metrics)
         self.runners = build_runners(self.stages, self.devices, self.plans, optimizer, self.loss)
         # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
         # logs the learning rate) see the last stage's, whose iterations advance.
         self.model.optimizer = self.runners[-1].optimizer
+
 
     # --- state ----------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
 """
 
 from tf_spectrain.costmodel.hardware import NVLINK, PCIE3_X16, Hardware
-from tf_spectrain.costmodel.planning import best_cuts
+from tf_spectrain.costmodel.plan import PartitionPlan
+from tf_spectrain.costmodel.planning import MemoryLimitError, best_cuts, plan_partition
 from tf_spectrain.costmodel.predict import (
     Estimate,
     pipeline_times,
@@ -25,8 +26,9 @@ from tf_spectrain.costmodel.predict import (
 )
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile, StageCost
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
+from tf_spectrain.costmodel.stage_terms import StageEstimate, StageTerms
 
-_MEASURING = ("profile_model", "measure_link", "measure_concurrency")
+_MEASURING = ("profile_model", "measure_link", "measure_concurrency", "measure_stages")
 
 
 def __getattr__(name):
@@ -35,6 +37,10 @@ def __getattr__(name):
         from tf_spectrain.costmodel import measure
 
         return getattr(measure, name)
+    if name == "auto_partition":
+        from tf_spectrain.costmodel import autoplan
+
+        return autoplan.auto_partition
     raise AttributeError(f"module 'tf_spectrain.costmodel' has no attribute {name!r}")
 
 
@@ -42,14 +48,21 @@ __all__ = [
     "Estimate",
     "Hardware",
     "LayerProfile",
+    "MemoryLimitError",
     "ModelProfile",
     "NVLINK",
     "PCIE3_X16",
+    "PartitionPlan",
     "StageCost",
+    "StageEstimate",
+    "StageTerms",
+    "auto_partition",
     "best_cuts",
     "measure_concurrency",
     "measure_link",
+    "measure_stages",
     "pipeline_times",
+    "plan_partition",
     "predict_data_parallel",
     "predict_pipeline",
     "predict_single",

@@ -12,6 +12,7 @@ memory-bound ones such as BatchNorm and activations).
 """
 
 import contextlib
+import dataclasses
 import statistics
 import threading
 import time
@@ -21,6 +22,7 @@ import tensorflow as tf
 
 from tf_spectrain import checks, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
+from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.runtime.graphs import as_list, one_or_list
 
 
@@ -55,7 +57,8 @@ def _example_inputs(model, batch_size, seed):
 
 
 def _bytes_per_example(tensors):
-    return sum(int(np.prod(t.shape[1:])) * t.dtype.size for t in tensors)
+    """Bytes per example of tensors (eager or symbolic) shaped `(batch, ...)`."""
+    return sum(int(np.prod(t.shape[1:])) * tf.as_dtype(t.dtype).size for t in tensors)
 
 
 def _layer_functions(stage):
@@ -115,16 +118,19 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
     batch_size = checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch")
     repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per function")
     warmup = checks.check_int("warmup", warmup, 0, meaning="untimed calls first")
-    names = list(partition.describe_stages(model, [])[0].layer_names)
+    graph = read_graph(model)
+    names = graph.names
     stages = partition.split_model(model, names[:-1])
     rng = np.random.default_rng(seed + 1)
     layers = []
     with tf.device(device) if device else contextlib.nullcontext():
         inputs = _example_inputs(model, batch_size, seed)
-        for name, stage in zip(names, stages):
-            layer, inputs = _profile_layer(name, stage, inputs, rng, repeats, warmup)
-            layers.append(layer)
-    return ModelProfile(layers, batch_size, name=model.name)
+        input_bytes = _bytes_per_example(inputs)
+        for call, stage in zip(graph.calls, stages):
+            layer, inputs = _profile_layer(call.name, stage, inputs, rng, repeats, warmup)
+            own = _bytes_per_example(call.outputs)
+            layers.append(dataclasses.replace(layer, activation_bytes=float(own)))
+    return ModelProfile(layers, batch_size, name=model.name, input_bytes=float(input_bytes))
 
 
 def _profile_layer(name, stage, inputs, rng, repeats, warmup):
@@ -266,3 +272,48 @@ def _matmul_workload(device, size=512, iterations=30):
             return tf.reduce_sum(x)
 
     return lambda: run().numpy()
+
+
+def measure_stages(model, cuts, batch_size, repeats=5, warmup=2, seed=0, device=None):
+    """Times each stage's forward plus backward alone, as the planner predicts them.
+
+    The model is split at `cuts` (`tf_spectrain.partition.split_model`) and every stage
+    runs, in order, on one random batch (its input is the previous stage's output), each
+    a `tf.function` of its forward and backward (as `profile_model` times one layer).
+
+    Args:
+        model: a functional `keras.Model` or built `keras.Sequential`.
+        cuts: the cut layer names.
+        batch_size: examples per timed batch, an int >= 1.
+        repeats: timed calls per stage, an int >= 1; the median counts.
+        warmup: untimed calls first, an int >= 0.
+        seed: seed of the random batch and upstream gradients.
+        device: optional device name to run on, or a list of one per stage (each stage
+            then runs on its own device, one after the other).
+
+    Returns:
+        A list of `len(cuts) + 1` `(forward_seconds, forward_backward_seconds)` pairs.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments or cuts.
+    """
+    batch_size = checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch")
+    repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per function")
+    warmup = checks.check_int("warmup", warmup, 0, meaning="untimed calls first")
+    stages = partition.split_model(model, cuts)
+    placement = list(device) if isinstance(device, (list, tuple)) else [device] * len(stages)
+    if len(placement) != len(stages):
+        raise ValueError(
+            f"`device` must be one device name or a list of one per stage ({len(stages)}). "
+            f"Received: device={device!r}"
+        )
+    rng = np.random.default_rng(seed + 1)
+    times = []
+    with tf.device(placement[0]) if placement[0] else contextlib.nullcontext():
+        inputs = _example_inputs(model, batch_size, seed)
+    for k, stage in enumerate(stages):
+        with tf.device(placement[k]) if placement[k] else contextlib.nullcontext():
+            inputs = [tf.identity(x) for x in inputs]  # on this stage's device
+            layer, inputs = _profile_layer(f"stage{k}", stage, inputs, rng, repeats, warmup)
+        times.append((layer.forward_time, layer.forward_time + layer.backward_time))
+    return times

@@ -2,24 +2,35 @@
 
 `tf_spectrain.partition.plan_cuts` balances per-layer costs that simply add up. A pipeline
 stage also pays for its hand-offs, and those depend on where it starts and ends (a cut
-after a pooling layer sends a quarter of what a cut before it sends), so the search here
-prices every candidate stage whole: its forward and backward (plus the recomputed forward
-when asked) and the transfers at both of its ends.
+after a pooling layer sends a quarter of what a cut before it sends), and for the forward
+it recomputes in some modes; `stage_terms.StageTerms` prices every candidate stage whole.
 
-Dynamic programming over the layer chain, in `O(N * L**2)` for L layers and N stages:
+Dynamic programming over the layer chain, in `O(N * L**2)` for L cut candidates and N
+stages:
 
-1. the smallest possible time of the slowest stage (compute plus its sends): the steady
-   state's seconds per mini-batch when hand-offs do not overlap compute;
+1. the smallest possible time of the slowest stage (compute, recompute and sends): the
+   steady state's seconds per mini-batch when hand-offs do not overlap compute; stages
+   whose memory exceeds their device's limit are not candidates;
 2. among the cuts that reach it, the least total time over all stages (fewer bytes sent
    and nothing wasted), ties going to the earliest cuts.
+
+- `best_cuts(profile, hardware, batch_size, ...)`: just the cut names.
+- `plan_partition(profile, num_stages, batch_size, ...)`: a `PartitionPlan` with each
+  stage's predicted time and memory.
 """
 
 import math
 
 from tf_spectrain import checks
-from tf_spectrain.costmodel.predict import check_arguments, time_scale
+from tf_spectrain.costmodel.plan import PartitionPlan
+from tf_spectrain.costmodel.predict import check_arguments
+from tf_spectrain.costmodel.stage_terms import StageTerms
 
 _REL_TOL = 1e-12
+
+
+class MemoryLimitError(ValueError):
+    """No cut list fits every stage into its device's `memory_limit`."""
 
 
 def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, allowed=None):
@@ -55,37 +66,108 @@ def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, a
             f"(hardware.num_gpus={hardware.num_gpus}) and one layer per stage "
             f"({len(profile)} layers). Received: num_stages={num_stages}"
         )
+    terms = StageTerms(
+        profile,
+        batch_size,
+        num_stages,
+        # Paper SpecTrain recomputes on every stage but the last; sync never does.
+        mode="spectrain" if recompute else "sync",
+        bandwidth=hardware.bandwidth,
+        latency=hardware.latency,
+        relative_speed=hardware.relative_speed,
+    )
     ends = _allowed_ends(profile, allowed, num_stages)
-    price = _StagePricer(profile, hardware, batch_size, recompute)
-    bound = _min_max(price, ends, num_stages)
-    cuts = _least_total_within(price, ends, num_stages, bound)
-    return [profile.layers[p].name for p in cuts]
+    return [profile.layers[p].name for p in _search(terms, ends, None)]
 
 
-class _StagePricer:
-    """Seconds per mini-batch of a stage over layers `first..last`, hand-offs included."""
+def plan_partition(
+    profile,
+    num_stages,
+    batch_size,
+    mode="spectrain",
+    spectrain_target="paper",
+    micro_batches=1,
+    bandwidth=math.inf,
+    latency=0.0,
+    memory_limit=None,
+    optimizer_slots=1,
+    allowed=None,
+    devices=None,
+    profile_seconds=0.0,
+):
+    """Plans the cuts of a pipeline and predicts each stage's time and memory.
 
-    def __init__(self, profile, hardware, batch_size, recompute):
-        scale = time_scale(profile, hardware, batch_size)
-        self._fwd = [0.0]
-        self._bwd = [0.0]
-        for layer in profile.layers:
-            self._fwd.append(self._fwd[-1] + layer.forward_time * scale)
-            self._bwd.append(self._bwd[-1] + layer.backward_time * scale)
-        self._send = [
-            hardware.transfer_time(layer.output_bytes * batch_size) for layer in profile.layers
+    Args:
+        profile: a `ModelProfile`, or a list of one per stage's device (see `StageTerms`).
+        num_stages: `N`, an int in `1 .. len(profile)`.
+        batch_size: examples per mini-batch, an int >= 1.
+        mode, spectrain_target, micro_batches: the pipeline's, as `PipelineModel` takes
+            them (they decide recomputation and what stays in memory).
+        bandwidth, latency: the link between neighbouring devices (bytes/s, seconds).
+        memory_limit: None, bytes per device (a number), or a list of `N` numbers (None
+            entries: no limit); plans with a stage over its limit are left out.
+        optimizer_slots: optimizer variables per weight (1: momentum SGD).
+        allowed: optional list of layer names or positions after which a stage may end;
+            None allows every layer but the last.
+        devices: optional list of `N` device names, for the plan's table.
+        profile_seconds: how long profiling took, for the plan's table.
+
+    Returns:
+        A `PartitionPlan`.
+
+    Raises:
+        MemoryLimitError: if no cut list fits `memory_limit` (the message gives what the
+            plan that needs least memory needs).
+        TypeError, ValueError: for invalid arguments.
+    """
+    terms = StageTerms(
+        profile, batch_size, num_stages, mode, spectrain_target, micro_batches,
+        bandwidth, latency, optimizer_slots,
+    )
+    first_profile = terms.profiles[0]
+    if num_stages > len(first_profile):
+        raise ValueError(
+            f"`num_stages` must be at most the number of layers ({len(first_profile)}): every "
+            f"stage needs a layer. Received: num_stages={num_stages}"
+        )
+    limits = _check_limits(memory_limit, num_stages)
+    ends = _allowed_ends(first_profile, allowed, num_stages)
+    cuts = _search(terms, ends, limits)
+    if cuts is None:
+        raise MemoryLimitError(_memory_message(terms, ends, limits))
+    bounds = [-1] + cuts + [terms.last_layer]
+    stages = [terms.estimate(bounds[k] + 1, bounds[k + 1], k) for k in range(num_stages)]
+    return PartitionPlan(
+        names=first_profile.names,
+        stages=stages,
+        batch_size=terms.batch_size,
+        mode=mode,
+        spectrain_target=spectrain_target,
+        devices=devices,
+        memory_limits=limits,
+        profile_seconds=profile_seconds,
+        model_name=first_profile.name,
+    )
+
+
+def _check_limits(memory_limit, num_stages):
+    """One limit (bytes, or None for none) per stage."""
+    if memory_limit is None:
+        return [None] * num_stages
+    if isinstance(memory_limit, (list, tuple)):
+        if len(memory_limit) != num_stages:
+            raise ValueError(
+                f"`memory_limit` must be a number of bytes or a list of one per stage "
+                f"({num_stages}). Received: memory_limit={list(memory_limit)}"
+            )
+        return [
+            None if m is None else checks.check_number("memory_limit", m, 0.0, strict=True)
+            for m in memory_limit
         ]
-        self._recompute = recompute
-        self.last_layer = len(profile.layers) - 1
-
-    def __call__(self, first, last):
-        forward = self._fwd[last + 1] - self._fwd[first]
-        cost = forward + self._bwd[last + 1] - self._bwd[first]
-        if last != self.last_layer:
-            cost += self._send[last] + (forward if self._recompute else 0.0)
-        if first > 0:
-            cost += self._send[first - 1]
-        return cost
+    limit = checks.check_number(
+        "memory_limit", memory_limit, 0.0, strict=True, meaning="bytes per device"
+    )
+    return [limit] * num_stages
 
 
 def _allowed_ends(profile, allowed, num_stages):
@@ -109,50 +191,93 @@ def _allowed_ends(profile, allowed, num_stages):
     return ends
 
 
-def _min_max(price, ends, num_stages):
-    """The least possible slowest-stage time."""
-    # `best[s][j]`: the least slowest-stage time splitting the layers that start at
-    # `starts[j]` (after cut `ends[j-1]`, or layer 0 for j = 0) into `s` stages.
-    last = price.last_layer
+def _search(terms, ends, limits):
+    """The best cut positions, or None when no cut list fits the memory limits."""
+    num_stages = terms.num_stages
+
+    def price(first, last, k):
+        if limits is not None and limits[k] is not None:
+            if terms.estimate(first, last, k).memory_bytes > limits[k]:
+                return math.inf
+        return terms.seconds(first, last, k)
+
+    bound = _min_max(price, terms.last_layer, ends, num_stages)
+    if math.isinf(bound):
+        return None
+    return _least_total_within(price, terms.last_layer, ends, num_stages, bound)
+
+
+def _min_max(price, last, ends, num_stages):
+    """The least possible largest stage price, `price(first, last, k)`."""
+    # `best[j]` for `s` stages left: the least largest price of splitting the layers from
+    # `starts[j]` (after cut `ends[j-1]`, or layer 0 for j = 0) into stages N-s .. N-1.
     starts = [0] + [e + 1 for e in ends]
-    best = [price(a, last) for a in starts]  # one stage: everything to the end
-    for _ in range(2, num_stages + 1):
+    best = [price(a, last, num_stages - 1) if a <= last else math.inf for a in starts]
+    for s in range(2, num_stages + 1):
+        k = num_stages - s
         new = [math.inf] * len(starts)
         for j, a in enumerate(starts):
             for e_index in range(j, len(ends)):
                 end = ends[e_index]
-                if end < a:
+                if end < a or best[e_index + 1] == math.inf:
                     continue
-                new[j] = min(new[j], max(price(a, end), best[e_index + 1]))
+                new[j] = min(new[j], max(price(a, end, k), best[e_index + 1]))
         best = new
     return best[0]
 
 
-def _least_total_within(price, ends, num_stages, bound):
-    """Cuts with every stage within `bound` and the least total time; earliest on ties."""
+def _least_total_within(price, last, ends, num_stages, bound):
+    """Cuts with every stage within `bound` and the least total price; earliest on ties."""
     limit = bound * (1 + _REL_TOL)
-    last = price.last_layer
     starts = [0] + [e + 1 for e in ends]
-    tables = [None, [price(a, last) if price(a, last) <= limit else math.inf for a in starts]]
+
+    def within(a, end, k):
+        cost = price(a, end, k) if a <= end else math.inf
+        return cost if cost <= limit else math.inf
+
+    tables = [None, [within(a, last, num_stages - 1) for a in starts]]
     for s in range(2, num_stages + 1):
+        k = num_stages - s
         row = [math.inf] * len(starts)
         for j, a in enumerate(starts):
             for e_index in range(j, len(ends)):
-                end = ends[e_index]
-                cost = price(a, end) if end >= a else math.inf
-                if cost <= limit:
-                    row[j] = min(row[j], cost + tables[s - 1][e_index + 1])
+                row[j] = min(row[j], within(a, ends[e_index], k) + tables[s - 1][e_index + 1])
         tables.append(row)
     cuts, j = [], 0
     for s in range(num_stages, 1, -1):
-        a = starts[j]
+        a, k = starts[j], num_stages - s
         for e_index in range(j, len(ends)):
-            end = ends[e_index]
-            cost = price(a, end) if end >= a else math.inf
-            if cost <= limit and math.isclose(
-                cost + tables[s - 1][e_index + 1], tables[s][j], rel_tol=_REL_TOL, abs_tol=0.0
+            total = within(a, ends[e_index], k) + tables[s - 1][e_index + 1]
+            if total < math.inf and math.isclose(
+                total, tables[s][j], rel_tol=_REL_TOL, abs_tol=0.0
             ):
-                cuts.append(end)
+                cuts.append(ends[e_index])
                 j = e_index + 1
                 break
     return cuts
+
+
+def _memory_message(terms, ends, limits):
+    """Says what the plan needing least memory (relative to the limits) would need."""
+
+    def ratio(first, last, k):
+        limit = limits[k]
+        need = terms.estimate(first, last, k).memory_bytes
+        return 0.0 if limit is None else need / limit
+
+    bound = _min_max(ratio, terms.last_layer, ends, terms.num_stages)
+    cuts = _least_total_within(ratio, terms.last_layer, ends, terms.num_stages, bound)
+    bounds = [-1] + cuts + [terms.last_layer]
+    names = terms.profiles[0].names
+    needs = []
+    for k in range(terms.num_stages):
+        need = terms.estimate(bounds[k] + 1, bounds[k + 1], k).memory_bytes
+        limit = "no limit" if limits[k] is None else f"limit {limits[k] / 2**20:.1f} MiB"
+        needs.append(f"stage {k}: {need / 2**20:.1f} MiB ({limit})")
+    return (
+        f"No cuts of model '{terms.profiles[0].name}' into {terms.num_stages} stages fit "
+        f"`memory_limit` in mode '{terms.mode}' at batch size {terms.batch_size}. The plan "
+        f"that needs least memory, cuts={[names[p] for p in cuts]}, needs "
+        f"{'; '.join(needs)}. Use more stages, a smaller batch, another mode (sync keeps "
+        "one mini-batch in flight) or raise `memory_limit`."
+    )

@@ -29,6 +29,8 @@ class LayerProfile:
             (their gradients).
         weight_bytes: bytes of the layer's trainable weights (what data parallelism
             all-reduces as gradients), >= 0.
+        activation_bytes: bytes per example of the layer's own outputs (what a training
+            step keeps for the backward), >= 0; 0 when unknown.
 
     Raises:
         TypeError, ValueError: if a field has the wrong type or is negative.
@@ -39,6 +41,7 @@ class LayerProfile:
     backward_time: float
     output_bytes: float = 0.0
     weight_bytes: float = 0.0
+    activation_bytes: float = 0.0
 
     def __post_init__(self):
         checks.check_instance("name", self.name, str)
@@ -49,6 +52,7 @@ class LayerProfile:
             ("backward_time", "seconds"),
             ("output_bytes", "bytes per example"),
             ("weight_bytes", "bytes"),
+            ("activation_bytes", "bytes per example"),
         ):
             value = checks.check_number(field, getattr(self, field), 0.0, meaning=what)
             object.__setattr__(self, field, value)
@@ -85,13 +89,15 @@ class ModelProfile:
         batch_size: the batch size the times were measured at, an int >= 1. The cost
             model scales times linearly with the batch size.
         name: a label for tables (e.g. the model's name).
+        input_bytes: bytes per example of the model's inputs, >= 0 (what stage 0 keeps
+            per mini-batch in flight); 0 when unknown.
 
     Raises:
         TypeError: if `layers` is not a sequence of `LayerProfile`.
         ValueError: if it is empty, repeats a name, or `batch_size` is not >= 1.
     """
 
-    def __init__(self, layers, batch_size, name="model"):
+    def __init__(self, layers, batch_size, name="model", input_bytes=0.0):
         if isinstance(layers, (str, bytes)) or not isinstance(layers, (list, tuple)):
             raise TypeError(
                 "`layers` must be a list of LayerProfile, one per layer in model order. "
@@ -116,6 +122,9 @@ class ModelProfile:
         if not isinstance(name, str):
             raise TypeError(f"`name` must be a string. Received: name={name!r}")
         self.name = name
+        self.input_bytes = checks.check_number(
+            "input_bytes", input_bytes, 0.0, meaning="bytes per example"
+        )
         self._index = {n: p for p, n in enumerate(names)}
 
     def __len__(self):
@@ -253,6 +262,7 @@ class ModelProfile:
         return {
             "name": self.name,
             "batch_size": self.batch_size,
+            "input_bytes": self.input_bytes,
             "layers": [dataclasses.asdict(layer) for layer in self.layers],
         }
 
@@ -262,7 +272,7 @@ class ModelProfile:
 
         Args:
             config: a dict with keys "layers" (a list of `LayerProfile` field dicts) and
-                "batch_size", and optionally "name" (default "model").
+                "batch_size", and optionally "name" (default "model") and "input_bytes".
 
         Returns:
             A `ModelProfile`.
@@ -276,4 +286,9 @@ class ModelProfile:
                 f"'name'), as ModelProfile.to_dict returns. Received: {config!r:.200}"
             )
         layers = [LayerProfile(**layer) for layer in config["layers"]]
-        return cls(layers, config["batch_size"], config.get("name", "model"))
+        return cls(
+            layers,
+            config["batch_size"],
+            config.get("name", "model"),
+            input_bytes=config.get("input_bytes", 0.0),
+        )

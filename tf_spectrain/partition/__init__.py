@@ -10,13 +10,14 @@
 
 from tf_spectrain.partition.costs import COSTS, layer_costs
 from tf_spectrain.partition.cuts import default_cuts
-from tf_spectrain.partition.placement import copy_weights, place_stages
+from tf_spectrain.partition.placement import check_devices, copy_weights, place_stages
 from tf_spectrain.partition.planner import plan_cuts
 from tf_spectrain.partition.stages import StageSpec, describe_stages, split_model
 
 __all__ = [
     "COSTS",
     "StageSpec",
+    "check_devices",
     "copy_weights",
     "default_cuts",
     "describe_stages",

@@ -54,6 +54,20 @@ def place_stages(stages, devices):
     return placed
 
 
+def check_devices(devices):
+    """Checks that every name in `devices` parses, names one device and exists.
+
+    Args:
+        devices: a list of device names.
+
+    Raises:
+        TypeError: if a name is not a string.
+        ValueError: if a name cannot be parsed or names no existing device.
+    """
+    for device in devices:
+        _check_device(device, devices)
+
+
 def _clone_layer(layer):
     """A fresh copy of `layer` (Keras' default), reusing a Lambda layer's Python function."""
     # Re-creating a Lambda from its config would deserialise Python bytecode, which Keras

@@ -1,0 +1,97 @@
+"""`PipelineModel`'s `cuts`: check a given list, or pick the devices and plan `"auto"` cuts.
+
+The planning itself is `tf_spectrain.costmodel.auto_partition` (profile, plan, calibrate).
+"""
+
+from tf_spectrain import checks, partition
+from tf_spectrain import devices as devices_lib
+
+AUTO = "auto"
+"""`cuts="auto"`: plan the cuts from measured time (the default)."""
+
+
+def stage_devices(devices, num_stages):
+    """The stage devices of an `"auto"` pipeline.
+
+    Args:
+        devices: a list of device names, or None.
+        num_stages: an int >= 1, or None.
+
+    Returns:
+        `devices` as a list; or, when None, `num_stages` default devices
+        (`devices.default_devices`), else every GPU, else every logical CPU device.
+
+    Raises:
+        TypeError: if `devices` is not a list or `num_stages` not an int.
+        ValueError: if both are given and disagree, or too few devices exist.
+    """
+    if num_stages is not None:
+        num_stages = checks.check_int("num_stages", num_stages, 1, meaning="pipeline stages")
+    if devices is None:
+        if num_stages is None:
+            gpus = devices_lib.existing_devices("GPU")
+            return gpus or devices_lib.existing_devices("CPU")
+        return devices_lib.default_devices(num_stages)
+    if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+        raise TypeError(
+            "`devices` must be a list of device names, one per stage. "
+            f"Received: devices={devices!r}"
+        )
+    if num_stages is not None and num_stages != len(devices):
+        raise ValueError(
+            f"`num_stages` must match `devices` (one device per stage). Received: "
+            f"num_stages={num_stages}, devices={list(devices)} ({len(devices)} devices)"
+        )
+    if not devices:
+        raise ValueError("`devices` must name at least one device. Received: devices=[]")
+    partition.check_devices(devices)
+    return list(devices)
+
+
+def check_given_cuts(cuts, num_stages):
+    """Checks a list of cuts against `num_stages` (names are checked when splitting).
+
+    Args:
+        cuts: what `PipelineModel` received as `cuts` (not `"auto"`).
+        num_stages: an int or None.
+
+    Raises:
+        TypeError: if `cuts` is a string other than `"auto"` (with a hint), or not a list.
+        ValueError: if `num_stages` is not `len(cuts) + 1`.
+    """
+    if isinstance(cuts, str):
+        raise TypeError(
+            f"`cuts` must be '{AUTO}' or a list of layer names. Received: cuts={cuts!r}; "
+            f"did you mean cuts=[{cuts!r}]?"
+        )
+    if not isinstance(cuts, (list, tuple)):
+        raise TypeError(
+            f"`cuts` must be '{AUTO}' or a list of layer names. Received: cuts={cuts!r} "
+            f"of type {type(cuts).__name__}"
+        )
+    if num_stages is not None:
+        num_stages = checks.check_int("num_stages", num_stages, 1, meaning="pipeline stages")
+        if num_stages != len(cuts) + 1:
+            raise ValueError(
+                f"`num_stages` must be len(cuts) + 1 = {len(cuts) + 1} with these cuts (or "
+                f"None). Received: num_stages={num_stages}, cuts={list(cuts)}"
+            )
+
+
+def plan(
+    model, devices, batch_size, mode, spectrain_target, micro_batches, memory_limit,
+    link_bandwidth,
+):
+    """Plans the cuts of `model` on `devices` (`costmodel.auto_partition`); returns the plan."""
+    from tf_spectrain.costmodel import autoplan
+
+    return autoplan.auto_partition(
+        model,
+        devices,
+        batch_size=batch_size,
+        mode=mode,
+        spectrain_target=spectrain_target,
+        micro_batches=micro_batches,
+        memory_limit=memory_limit,
+        link_bandwidth=link_bandwidth,
+    )

@@ -1,0 +1,168 @@
+"""Automatic cuts from measured time: what `PipelineModel(cuts="auto")` runs (needs TensorFlow).
+
+`auto_partition(model, devices, ...)`:
+
+1. **Profiles** every layer's forward and backward (`measure.profile_model`) on the
+   first stage device of each kind (one profile for identical devices), at the planned
+   batch size; cached in memory per (model, batch shape, device kind).
+2. **Plans** with `planning.plan_partition`: the slowest stage's compute, recomputed
+   forward and hand-offs as small as possible, within the memory limits.
+3. **Calibrates**: per-layer times do not add up exactly to a stage's time (the per-call
+   overhead of many small layers, memory traffic of a whole stage), so the planned stages
+   are timed whole (`measure.measure_stages`) on their devices, each stage's layers are
+   rescaled by its measured over predicted time, and the model is planned again; this
+   repeats up to `calibration_rounds` times or until the cuts stop changing. The plan with
+   the fastest measured slowest stage is kept; its measured times are in the plan.
+
+Profiling runs the model in training mode on random inputs; the model's non-trainable
+variables (BatchNorm statistics, random-generator states) are restored afterwards.
+"""
+
+import dataclasses
+import math
+import time
+import weakref
+
+import tensorflow as tf
+
+from tf_spectrain.costmodel import measure, planning
+from tf_spectrain.costmodel.profile import ModelProfile
+
+_PROFILES = {}  # (id(model), batch, input shapes, device kind) -> ModelProfile
+
+
+def auto_partition(
+    model,
+    devices,
+    batch_size=32,
+    mode="spectrain",
+    spectrain_target="paper",
+    micro_batches=1,
+    memory_limit=None,
+    link_bandwidth=None,
+    calibration_rounds=2,
+):
+    """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
+
+    Args:
+        model: a functional `keras.Model` or built `keras.Sequential`.
+        devices: one device name per stage (names may repeat).
+        batch_size: the mini-batch to profile and plan at, an int >= 1.
+        mode, spectrain_target, micro_batches: the pipeline's (see `PipelineModel`).
+        memory_limit: None, bytes per device, or a list of one per stage.
+        link_bandwidth: bytes/s between neighbouring devices; None measures it between
+            the first two devices when they are GPUs (`measure.measure_link`) and takes
+            hand-offs between CPU devices, which share memory, as free.
+        calibration_rounds: stage timings to calibrate the plan with, an int >= 0.
+
+    Returns:
+        A `PartitionPlan` (its `measured` holds each stage's measured forward plus
+        backward seconds when `calibration_rounds > 0`).
+
+    Raises:
+        MemoryLimitError: if no plan fits `memory_limit`.
+        TypeError, ValueError: for invalid arguments, or a model that cannot be split.
+    """
+    devices = list(devices)
+    start = time.perf_counter()
+    saved = [v.numpy() for v in model.non_trainable_variables]
+    try:
+        profiles = [_profile(model, batch_size, d) for d in _profiling_devices(devices)]
+        bandwidth, latency = _link(devices, link_bandwidth)
+        settings = dict(
+            num_stages=len(devices),
+            batch_size=batch_size,
+            mode=mode,
+            spectrain_target=spectrain_target,
+            micro_batches=micro_batches,
+            bandwidth=bandwidth,
+            latency=latency,
+            memory_limit=memory_limit,
+            devices=devices,
+        )
+        plan = planning.plan_partition(profiles, **settings)
+        tried = []
+        for _ in range(calibration_rounds):
+            if len(devices) == 1:
+                break
+            measured = measure.measure_stages(model, plan.cuts, batch_size, device=devices)
+            tried.append((_measured_pace(plan, measured), plan, measured))
+            profiles = _calibrated(profiles, plan, measured)
+            again = planning.plan_partition(profiles, **settings)
+            if again.cuts == plan.cuts:
+                break
+            plan = again
+    finally:
+        for v, value in zip(model.non_trainable_variables, saved):
+            v.assign(value)
+    measured = None
+    if tried:
+        _, plan, measured = min(tried, key=lambda t: t[0])
+    return dataclasses.replace(
+        plan,
+        profile_seconds=time.perf_counter() - start,
+        measured=None if measured is None else tuple(fb for _, fb in measured),
+    )
+
+
+def _profiling_devices(devices):
+    """Each stage's profiling device: the first stage device of its kind."""
+    first_of_kind = {}
+    for d in devices:
+        first_of_kind.setdefault(_kind(d), d)
+    return [first_of_kind[_kind(d)] for d in devices]
+
+
+def _kind(device):
+    return (tf.DeviceSpec.from_string(device).device_type or "CPU").upper()
+
+
+def _profile(model, batch_size, device):
+    """The cached (or a new) profile of `model` at `batch_size` on `device`'s kind."""
+    shapes = tuple(tuple(t.shape[1:]) for t in model.inputs)
+    key = (id(model), batch_size, shapes, _kind(device))
+    if key not in _PROFILES:
+        _PROFILES[key] = measure.profile_model(model, batch_size, device=device)
+        weakref.finalize(model, _PROFILES.pop, key, None)
+    return _PROFILES[key]
+
+
+def _link(devices, link_bandwidth):
+    """`(bandwidth, latency)` of the hand-offs between neighbouring stages."""
+    if link_bandwidth is not None:
+        return link_bandwidth, 0.0
+    distinct = list(dict.fromkeys(devices))
+    if len(distinct) < 2 or all(_kind(d) == "CPU" for d in distinct[:2]):
+        return math.inf, 0.0
+    return measure.measure_link(distinct[0], distinct[1])
+
+
+def _measured_pace(plan, measured):
+    """The slowest stage by measurement: forward + backward, recompute and sends."""
+    return max(
+        fb + (f if s.recompute else 0.0) + s.send
+        for s, (f, fb) in zip(plan.stages, measured)
+    )
+
+
+def _calibrated(profiles, plan, measured):
+    """Profiles whose layers of each stage are scaled to that stage's measured times."""
+    layers = {id(p): list(p.layers) for p in profiles}
+    for k, (stage, (f, fb)) in enumerate(zip(plan.stages, measured)):
+        own = layers[id(profiles[k])]
+        part = own[stage.first : stage.last + 1]
+        predicted_f = sum(layer.forward_time for layer in part)
+        predicted_b = sum(layer.backward_time for layer in part)
+        rf = f / predicted_f if predicted_f > 0 else 1.0
+        rb = max(fb - f, 0.0) / predicted_b if predicted_b > 0 else 1.0
+        for i in range(stage.first, stage.last + 1):
+            own[i] = dataclasses.replace(
+                own[i],
+                forward_time=own[i].forward_time * rf,
+                backward_time=own[i].backward_time * rb,
+            )
+    new = {
+        id(p): ModelProfile(layers[id(p)], p.batch_size, p.name, p.input_bytes)
+        for p in profiles
+    }
+    return [new[id(p)] for p in profiles]

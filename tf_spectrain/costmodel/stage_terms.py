@@ -1,0 +1,263 @@
+"""What one candidate pipeline stage costs, in time and memory: the planner's terms (pure).
+
+The planner (`planning.plan_partition`) compares many candidate stages: the layers
+`first..last` of the profile, run as stage `k` of `N`. `StageTerms` prices one such stage,
+and is the only place that knows what a stage pays for; a new schedule or precision
+extends it here.
+
+Time, seconds per mini-batch at the planned batch size (the profile's times scaled
+linearly and divided by `relative_speed`):
+- `forward` and `backward`: the layers' profiled times.
+- `recompute`: the forward again, on stages whose backward runs at other weights than
+  their forward, so it recomputes the forward (`vanilla` and paper `spectrain`; never
+  the last stage, whose forward and backward run back to back on the same weights).
+- `send`: the hand-offs: activations to the next stage and gradients to the previous one,
+  `latency + bytes / bandwidth` each (the bytes of every tensor crossing the cut).
+
+Memory, bytes on the stage's device:
+- `param_bytes`: trainable weights. `optimizer_bytes`: `optimizer_slots` copies of them
+  (1 for momentum SGD, 2 for Adam).
+- `activation_bytes`: what the mini-batches in flight keep. Stage `k` of an asynchronous
+  pipeline holds up to `N - k` mini-batches between their forward and their backward
+  (`schedule.max_stashed`), `sync` one (with GPipe micro-batches, one mini-batch's worth).
+  A stage that reuses its forward keeps every layer's outputs and its inputs for each;
+  one that recomputes keeps only its inputs, plus one forward's outputs while it recomputes.
+- `stash_bytes`: weight versions the in-flight mini-batches hold besides the current
+  weights: `N - k - 1` in `stash`, `N - k` predicted ones in consistent `spectrain`, one
+  predicted version at a time in paper `spectrain`, none in `sync` and `vanilla`.
+
+It is a model: framework workspace, BatchNorm statistics and allocator slack are left out.
+"""
+
+import dataclasses
+import math
+
+from tf_spectrain import checks, modes, schedule
+from tf_spectrain.costmodel.profile import ModelProfile
+
+
+@dataclasses.dataclass(frozen=True)
+class StageEstimate:
+    """The predicted cost of one stage (see the module docstring for each term).
+
+    Attributes:
+        index: the stage index `k`.
+        first, last: positions of its first and last layer in the profile.
+        forward, backward, recompute, send: seconds per mini-batch.
+        param_bytes, optimizer_bytes, activation_bytes, stash_bytes: bytes on its device.
+        sent_bytes: bytes per mini-batch it hands to the next stage (0 for the last).
+    """
+
+    index: int
+    first: int
+    last: int
+    forward: float
+    backward: float
+    recompute: float
+    send: float
+    param_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    stash_bytes: float
+    sent_bytes: float
+
+    @property
+    def seconds(self):
+        """Seconds per mini-batch: compute, recompute and hand-offs."""
+        return self.forward + self.backward + self.recompute + self.send
+
+    @property
+    def memory_bytes(self):
+        """Bytes the stage needs on its device."""
+        return self.param_bytes + self.optimizer_bytes + self.activation_bytes + self.stash_bytes
+
+
+class StageTerms:
+    """Prices candidate stages of a pipeline (see the module docstring).
+
+    Args:
+        profiles: a `ModelProfile`, or a list of `num_stages` profiles of the same layers,
+            one per stage's device (stages on different kinds of device).
+        batch_size: examples per mini-batch, an int >= 1.
+        num_stages: `N`, an int >= 1.
+        mode: one of `modes.PIPELINE_MODES`.
+        spectrain_target: "paper" or "consistent".
+        micro_batches: GPipe micro-batches per mini-batch (sync only), an int >= 1; each
+            hand-off then pays the latency once per micro-batch.
+        bandwidth: bytes/s of the link between neighbouring devices, > 0 (`math.inf`:
+            free hand-offs).
+        latency: seconds per transfer, >= 0.
+        optimizer_slots: optimizer variables per weight, a number >= 0.
+        relative_speed: how many times faster the devices compute than the profile
+            measured, > 0.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments.
+    """
+
+    def __init__(
+        self,
+        profiles,
+        batch_size,
+        num_stages,
+        mode="spectrain",
+        spectrain_target="paper",
+        micro_batches=1,
+        bandwidth=math.inf,
+        latency=0.0,
+        optimizer_slots=1,
+        relative_speed=1.0,
+    ):
+        self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
+        self.profiles = _check_profiles(profiles, self.num_stages)
+        self.batch_size = checks.check_int(
+            "batch_size", batch_size, 1, meaning="examples per mini-batch"
+        )
+        modes.check_mode(mode, spectrain_target)
+        self.mode, self.spectrain_target = mode, spectrain_target
+        self.micro_batches = checks.check_int("micro_batches", micro_batches, 1)
+        self.bandwidth = checks.check_number(
+            "bandwidth", bandwidth, 0.0, strict=True, allow_inf=True, meaning="bytes per second"
+        )
+        self.latency = checks.check_number("latency", latency, 0.0, meaning="seconds")
+        self.optimizer_slots = checks.check_number(
+            "optimizer_slots", optimizer_slots, 0.0, meaning="optimizer variables per weight"
+        )
+        speed = checks.check_number("relative_speed", relative_speed, 0.0, strict=True)
+        self.last_layer = len(self.profiles[0]) - 1
+        self._sums = {}
+        for profile in self.profiles:
+            if id(profile) not in self._sums:
+                scale = batch_size / profile.batch_size / speed
+                self._sums[id(profile)] = _PrefixSums(profile, scale, batch_size)
+        ref = self.profiles[0]
+        self._crossing = [layer.output_bytes * batch_size for layer in ref.layers]
+        self._plans = [
+            modes.pass_plan(mode, k, self.num_stages, spectrain_target)
+            for k in range(self.num_stages)
+        ]
+
+    def recomputes(self, k):
+        """Whether stage `k` recomputes its forward in its backward."""
+        return not self._plans[k].reuses_forward and k != self.num_stages - 1
+
+    def in_flight(self, k):
+        """Mini-batches stage `k` holds between their forward and their backward."""
+        if self.mode == "sync":
+            return 1
+        return schedule.max_stashed(k, self.num_stages, self.num_stages)
+
+    def transfer(self, num_bytes):
+        """Seconds to hand `num_bytes` (one mini-batch's tensors) to a neighbour."""
+        if num_bytes == 0:
+            return 0.0
+        return self.micro_batches * self.latency + num_bytes / self.bandwidth
+
+    def estimate(self, first, last, k):
+        """Prices the layers `first..last` as stage `k`.
+
+        Args:
+            first, last: layer positions, `0 <= first <= last <= len(profile) - 1`.
+            k: the stage index, `0 <= k < num_stages`.
+
+        Returns:
+            A `StageEstimate`.
+        """
+        sums = self._sums[id(self.profiles[k])]
+        forward, backward, params, acts = sums.between(first, last)
+        is_last = last == self.last_layer
+        recompute = forward if self.recomputes(k) else 0.0
+        sent = 0.0 if is_last else self._crossing[last]
+        received = self._crossing[first - 1] if first > 0 else 0.0
+        n = self.in_flight(k)
+        inputs = received if first > 0 else sums.input_bytes
+        if self.recomputes(k):
+            activation = n * inputs + acts
+        else:
+            activation = n * (inputs + acts)
+        return StageEstimate(
+            index=k,
+            first=first,
+            last=last,
+            forward=forward,
+            backward=backward,
+            recompute=recompute,
+            send=self.transfer(sent) + self.transfer(received),
+            param_bytes=params,
+            optimizer_bytes=self.optimizer_slots * params,
+            activation_bytes=activation,
+            stash_bytes=self._stashed_versions(k) * params,
+            sent_bytes=sent,
+        )
+
+    def seconds(self, first, last, k):
+        """`estimate(first, last, k).seconds`, without building the estimate."""
+        sums = self._sums[id(self.profiles[k])]
+        forward, backward = sums.times(first, last)
+        cost = forward + backward + (forward if self.recomputes(k) else 0.0)
+        if last != self.last_layer:
+            cost += self.transfer(self._crossing[last])
+        if first > 0:
+            cost += self.transfer(self._crossing[first - 1])
+        return cost
+
+    def _stashed_versions(self, k):
+        n = self.in_flight(k)
+        if self.mode == "stash":
+            return n - 1
+        if self.mode == "spectrain":
+            return n if self.spectrain_target == "consistent" else 1
+        return 0
+
+
+class _PrefixSums:
+    """Prefix sums of one profile's times (scaled) and sizes, for O(1) stage sums."""
+
+    def __init__(self, profile, scale, batch_size):
+        self.fwd, self.bwd, self.params, self.acts = [0.0], [0.0], [0.0], [0.0]
+        for layer in profile.layers:
+            self.fwd.append(self.fwd[-1] + layer.forward_time * scale)
+            self.bwd.append(self.bwd[-1] + layer.backward_time * scale)
+            self.params.append(self.params[-1] + layer.weight_bytes)
+            self.acts.append(self.acts[-1] + layer.activation_bytes * batch_size)
+        self.input_bytes = profile.input_bytes * batch_size
+
+    def times(self, first, last):
+        """Forward and backward seconds of layers `first..last`."""
+        return self.fwd[last + 1] - self.fwd[first], self.bwd[last + 1] - self.bwd[first]
+
+    def between(self, first, last):
+        """Forward and backward seconds, weight bytes and activation bytes of `first..last`."""
+        forward, backward = self.times(first, last)
+        return (
+            forward,
+            backward,
+            self.params[last + 1] - self.params[first],
+            self.acts[last + 1] - self.acts[first],
+        )
+
+
+def _check_profiles(profiles, num_stages):
+    """One profile per stage, all of the same layers."""
+    if isinstance(profiles, ModelProfile):
+        return [profiles] * num_stages
+    if not isinstance(profiles, (list, tuple)) or not all(
+        isinstance(p, ModelProfile) for p in profiles
+    ):
+        raise TypeError(
+            "`profiles` must be a ModelProfile or a list of them, one per stage. "
+            f"Received: profiles={profiles!r:.200}"
+        )
+    if len(profiles) != num_stages:
+        raise ValueError(
+            f"`profiles` must hold one profile per stage: {num_stages} stages but "
+            f"{len(profiles)} profiles."
+        )
+    names = profiles[0].names
+    for k, p in enumerate(profiles):
+        if p.names != names:
+            raise ValueError(
+                f"`profiles` must all describe the same layers: profiles[{k}] ('{p.name}') "
+                f"differs from profiles[0] ('{profiles[0].name}')."
+            )
+    return list(profiles)
