@@ -183,7 +183,7 @@ def build_model(name):
 def balanced_cuts(model, num_stages):
     """The library's default cuts balanced by compute, and each stage's share of it.
 
-    `tf_spectrain.partition.default_cuts(model, num_stages, cost="macs")`: stages of about
+    `tf_spectrain.partition.default_cuts(model, num_stages, by="macs")`: stages of about
     equal multiply-accumulates per example, each with weights to train.
 
     Args:
@@ -199,7 +199,7 @@ def balanced_cuts(model, num_stages):
     """
     from tf_spectrain import partition
 
-    cuts = partition.default_cuts(model, num_stages, cost="macs")
+    cuts = partition.default_cuts(model, num_stages, by="macs")
     costs = partition.layer_costs(model, "macs")
     names = list(costs)
     ends = [names.index(c) for c in cuts] + [len(names) - 1]

@@ -32,8 +32,14 @@ def resnet50():
 
 def _best_cuts_by_enumeration(model, num_stages, allowed_names):
     """Cut names with the least max stage params, then sum of squares, then latest."""
-    names = _op_names(model)
-    params = [model.get_layer(n).count_params() for n in names]
+    costs = {n: model.get_layer(n).count_params() for n in _op_names(model)}
+    return _best_cuts_by_enumeration_of(costs, num_stages, allowed_names)
+
+
+def _best_cuts_by_enumeration_of(costs, num_stages, allowed_names):
+    """Cut names with the least max stage cost, then sum of squares, then latest."""
+    names = list(costs)
+    params = list(costs.values())
     positions = sorted(names.index(n) for n in allowed_names)
     best = None
     for cuts in itertools.combinations(positions, num_stages - 1):
@@ -123,7 +129,7 @@ def _macs_cuts_by_enumeration(model, num_stages):
 @pytest.mark.parametrize("build", [_vgg_sequential, _cnn_functional])
 def test_default_cuts_by_compute_balance_macs_with_weights_in_every_stage(build, num_stages):
     model = build()
-    cuts = default_cuts(model, num_stages, cost="macs")
+    cuts = default_cuts(model, num_stages, by="macs")
     assert cuts == _macs_cuts_by_enumeration(model, num_stages)
     for stage in split_model(model, cuts):
         assert stage.count_params() > 0
@@ -134,20 +140,31 @@ def test_default_cuts_by_compute_differ_from_params_and_keep_pooling_before_the_
     # Parameters 112, 296 | 528, 51 (the dense fc holds the most); MACs per example
     # 6,912 + 64 (block1_conv, block1_pool) | 4,608 + 32 + 32 + 512 + 48 (the rest).
     assert default_cuts(model, 2) == ["flatten"]
-    assert default_cuts(model, 2, cost="macs") == ["block1_pool"]
+    assert default_cuts(model, 2, by="macs") == ["block1_pool"]
 
 
 def test_default_cuts_by_compute_too_few_weighted_candidates():
     # Only conv1..predictions carry weights: 4 weighted layers allow at most 4 stages.
     with pytest.raises(ValueError, match=r"layers with weights on both sides: \["):
-        default_cuts(_cnn_functional(), 5, cost="macs")
+        default_cuts(_cnn_functional(), 5, by="macs")
 
 
-@pytest.mark.parametrize("cost", ["flops", None, "MACS"])
-def test_default_cuts_unknown_cost_is_named(cost):
-    with pytest.raises(ValueError, match=r"`cost` must be one of \['params', 'macs'\]\. "
-                                         rf"Received: cost={cost!r}"):
-        default_cuts(_vgg_sequential(), 2, cost=cost)
+@pytest.mark.parametrize("by", ["flops", None, "MACS"])
+def test_default_cuts_unknown_cost_is_named(by):
+    with pytest.raises(
+        ValueError,
+        match=r"`by` must be one of \['params', 'macs', 'layers'\]\. " rf"Received: by={by!r}",
+    ):
+        default_cuts(_vgg_sequential(), 2, by=by)
+
+
+@pytest.mark.parametrize("num_stages", [2, 3])
+def test_default_cuts_by_layers_balances_layer_counts(num_stages):
+    model = _vgg_sequential()
+    allowed = _op_names(model)[:-1]  # a chain: one tensor crosses after every layer
+    costs = {name: 1 for name in _op_names(model)}
+    expected = _best_cuts_by_enumeration_of(costs, num_stages, allowed)
+    assert default_cuts(model, num_stages, by="layers") == expected
 
 
 # -------------------------------------------------------------------------- errors

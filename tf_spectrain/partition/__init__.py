@@ -2,8 +2,10 @@
 
 - `split_model(model, cuts)`: stage sub-models that share the model's layers.
 - `describe_stages(model, cuts)`: a `StageSpec` per stage (layers, crossing shapes).
-- `default_cuts(model, num_stages, cost="params")`: balanced cut layers (parameters or, with
-  `cost="macs"`, compute: see `layer_costs`); `plan_cuts` is the pure planner.
+- `default_cuts(model, num_stages, by="params")`: static balanced cut layers (parameters,
+  or with `by="macs"` compute, see `layer_costs`, or `by="layers"` layer counts);
+  `plan_cuts` is the pure planner. `PipelineModel(cuts="auto")` plans from measured time
+  (`tf_spectrain.costmodel.auto_partition`).
 - `place_stages(stages, devices)`: a copy of each stage on its device;
   `copy_weights(src_models, dst_models)` copies weights back.
 """

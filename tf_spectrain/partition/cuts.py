@@ -10,6 +10,9 @@ from tf_spectrain.partition.costs import COSTS, graph_costs
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.partition.planner import plan_cuts
 
+BY = COSTS + ("layers",)
+"""What `default_cuts` can balance: parameters, multiply-accumulates or layer counts."""
+
 
 def resolve_cuts(graph, cuts):
     """Checks `cuts` against a model graph and returns their positions.
@@ -44,8 +47,11 @@ def resolve_cuts(graph, cuts):
     return positions
 
 
-def default_cuts(model, num_stages, cost="params"):
-    """Picks cut layers that give stages of about equal cost.
+def default_cuts(model, num_stages, by="params"):
+    """Picks cut layers that give stages of about equal parameter counts, compute or layers.
+
+    These are the static cuts, for comparison and for models that cannot be profiled;
+    `PipelineModel(cuts="auto")` plans from measured time instead.
 
     Candidate cuts are the layers after which exactly one tensor crosses, so VGG-style
     models are cut between layers and ResNets at the outputs of residual blocks. Among
@@ -53,43 +59,44 @@ def default_cuts(model, num_stages, cost="params"):
     go to later cuts, so weightless layers such as pooling stay with the layer before
     them).
 
-    With `cost="macs"` weightless layers cost something too, so the candidates are thinned
+    With `by="macs"` weightless layers cost something too, so the candidates are thinned
     first: of consecutive candidates with no layer with weights between them only the last
     is kept (a cut after the pooling rather than before it), and candidates after which no
-    layer has weights are dropped. Every stage then has weights to train.
+    layer has weights are dropped. Every stage then has weights to train. `by="layers"`
+    gives every layer a cost of 1 (stages of about equal layer counts).
 
     Args:
         model: a functional `keras.Model` or a built `keras.Sequential`.
         num_stages: int >= 1, the number of stages.
-        cost: what to balance, one of `COSTS` (see `layer_costs`): `"params"` (the
-            parameter counts, the default) or `"macs"` (the compute per example).
+        by: what to balance, one of `BY`: `"params"` (the parameter counts, the default),
+            `"macs"` (the compute per example, see `layer_costs`) or `"layers"`.
 
     Returns:
         A list of `num_stages - 1` layer names, in model order, for `split_model`.
 
     Raises:
         TypeError: if `model` is not a Keras model or `num_stages` not an int.
-        ValueError: if `cost` is unknown, the model cannot be split (see `read_graph`),
+        ValueError: if `by` is unknown, the model cannot be split (see `read_graph`),
             or it has fewer candidate cut layers than `num_stages - 1`.
     """
     num_stages = checks.check_int("num_stages", num_stages, 1)
-    checks.check_one_of("cost", cost, COSTS)
+    checks.check_one_of("by", by, BY)
     graph = read_graph(model)
     names = graph.names
     last = len(names) - 1
     allowed = [p for p in range(last) if len(graph.crossing(p)) == 1]
-    if cost == "macs":
+    if by == "macs":
         allowed = _with_weights_between(allowed, [c.count_params() > 0 for c in graph.calls])
     if len(allowed) < num_stages - 1:
         candidates = [names[p] for p in allowed]
-        weights = " and layers with weights on both sides" if cost == "macs" else ""
+        weights = " and layers with weights on both sides" if by == "macs" else ""
         raise ValueError(
             f"Cannot cut model '{model.name}' into num_stages={num_stages} stages: that "
             f"needs {num_stages - 1} cut layers, but only {len(allowed)} layers have "
             f"exactly one tensor crossing after them{weights}: {candidates}. Use fewer "
             "stages or pass `cuts` explicitly."
         )
-    costs = graph_costs(graph, cost)
+    costs = [1] * len(names) if by == "layers" else graph_costs(graph, by)
     return [names[p] for p in plan_cuts(costs, num_stages, allowed)]
 
 
