@@ -95,7 +95,7 @@ def test_unprepared_tfds_dataset_fails_at_once(capsys, tmp_path):
 def test_defaults_are_the_documented_main_job():
     args = cli.parse_args([])
     assert (args.model, args.gpus, args.dataset) == ("vgg16", 4, "digits")
-    assert args.mode == "spectrain" and args.cuts is None and args.micro_batches == 1
+    assert args.mode == "spectrain" and args.cuts == "auto" and args.micro_batches == 1
     assert args.logdir.startswith(os.path.join("runs", "vgg16-spectrain-"))
 
 

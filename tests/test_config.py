@@ -66,7 +66,7 @@ def test_every_problem_is_reported_at_once():
         (dict(gpus="4"), "--gpus must be an integer >= 1. Received: --gpus 4 of type str"),
         (dict(lr="0.1"), "--lr must be a finite number > 0"),
         (dict(graph=1), "--graph must be True or False"),
-        (dict(cuts="fc1,fc2", gpus=3), "--cuts must be a list of layer names"),
+        (dict(cuts="fc1,fc2", gpus=3), "--cuts must be 'auto' or a list of layer names"),
         (dict(logdir=3), "--logdir must be a path. Received: --logdir 3 of type int"),
         (dict(verbose="loud"), None),
     ],

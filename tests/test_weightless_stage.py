@@ -44,3 +44,21 @@ def test_a_stage_without_weights_trains(mode):
         reference.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
         for got, want in zip(model.get_weights(), reference.get_weights()):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stage_without_weights_is_probed(tmp_path):
+    # Telemetry measures prediction errors on every stage, each after its update; a
+    # weightless stage has none to measure (the distance of no weights is 0), and used to
+    # fail there: tf.add_n of an empty list.
+    from tf_spectrain.callbacks import Telemetry
+
+    keras.utils.set_random_seed(0)
+    model = padded_model()
+    pipe = PipelineModel(model, cuts=["scale"], mode="spectrain")
+    pipe.compile(SpecTrainSGD(0.05, momentum=0.9), LOSS)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 6, 6, 2)).astype("float32"), rng.integers(0, 4, 16)
+    telemetry = Telemetry(tmp_path, log_every=1, prediction_every=1)
+    pipe.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=[telemetry])
+    assert pipe.runners[-1].updates == 4
+    assert np.isfinite(pipe.evaluate(x, y, verbose=0))

@@ -58,8 +58,9 @@ def build_parser():
     add(
         "cuts",
         type=_comma_list,
-        help="comma-separated layer names, each ending a stage (--gpus - 1 of them); "
-        "default: stages with about equal parameter counts",
+        help="'auto' (the default: cuts planned from each layer's measured time, the plan "
+        "printed before training) or comma-separated layer names, each ending a stage "
+        "(--gpus - 1 of them)",
     )
     add(
         "spectrain_target",
@@ -142,6 +143,8 @@ def _auto_or_int(text):
 
 
 def _comma_list(text):
+    if text.strip() == "auto":
+        return "auto"
     names = [name.strip() for name in text.split(",")]
     if not all(names):
         raise argparse.ArgumentTypeError(
@@ -332,6 +335,9 @@ def main(argv=None):
         except (ValueError, TypeError) as e:
             parser.error(str(e))
         print(training.describe(run), flush=True)
+        plan = getattr(run.trainer, "partition_plan", None)
+        if plan is not None:
+            print(plan, flush=True)
         stopper.run = run
         result = training.train(run)
     except CheckpointWriteError as e:

@@ -62,8 +62,9 @@ class RunConfig:
     """The settings of one `train.py` run: each field is the flag of the same name.
 
     See `python train.py --help` for what each one means. `verbose` is no flag: the Keras
-    verbosity of `fit` ("auto", 0, 1 or 2). Building a `RunConfig` checks every field,
-    turns `cuts` into a tuple and path-like paths into strings, and resolves the paths
+    verbosity of `fit` ("auto", 0, 1 or 2). `cuts` is "auto" (planned from measured time,
+    the default; None means the same) or the layer names. Building a `RunConfig` checks
+    every field, turns `cuts` into a tuple and path-like paths into strings, and resolves the paths
     left to None: `logdir` (`runs/<model>-<mode>-<timestamp>`; with `resume` and a
     `checkpoint_dir`, that directory's parent), `checkpoint_dir` (`<logdir>/checkpoints`)
     and `export` (`<logdir>/model.keras`; "none" means no export).
@@ -76,7 +77,7 @@ class RunConfig:
     model: str = "vgg16"
     gpus: int = 4
     mode: str = "spectrain"
-    cuts: tuple[str, ...] | None = None
+    cuts: tuple[str, ...] | str = "auto"
     spectrain_target: str = "paper"
     micro_batches: int = 1
     dataset: str = "digits"
@@ -104,6 +105,8 @@ class RunConfig:
     verbose: int | str = "auto"
 
     def __post_init__(self):
+        if self.cuts is None:
+            object.__setattr__(self, "cuts", "auto")
         if isinstance(self.cuts, list):
             object.__setattr__(self, "cuts", tuple(self.cuts))
         for name in PATH_FIELDS:
@@ -197,11 +200,12 @@ def _check_pipeline_flags(p, c, batch_ok):
             p.check(input_checks.check_micro_batch_split, None, c.batch_size, c.micro_batches,
                     flags=True)
     cuts = c.cuts
-    if cuts is None:
+    if cuts == "auto":
         return
     if not isinstance(cuts, tuple) or not all(isinstance(n, str) and n for n in cuts):
         p.append(TypeError(
-            f"--cuts must be a list of layer names. {checks.received('--cuts', cuts)}"
+            "--cuts must be 'auto' or a list of layer names. "
+            f"{checks.received('--cuts', cuts)}"
         ))
     elif c.mode not in modes.PIPELINE_MODES:
         p.add(

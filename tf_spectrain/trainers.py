@@ -12,7 +12,7 @@ mode means the same model, optimizer and placement everywhere:
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checks, modes, partition
+from tf_spectrain import checks, modes
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -40,11 +40,12 @@ def build_trainer(
     learning_rate,
     momentum=0.0,
     weight_decay=None,
-    cuts=None,
+    cuts="auto",
     spectrain_target="paper",
     micro_batches=1,
     loss=None,
     metrics=None,
+    batch_size=32,
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -60,10 +61,12 @@ def build_trainer(
         learning_rate, momentum, weight_decay: the momentum SGD settings (a weight decay of
             0 or None: none).
         cuts: pipelines: the cut layer names, or a function of the model that returns them,
-            or None for `partition.default_cuts` over `len(devices)` stages.
+            or "auto" (or None) for cuts planned from measured time at `batch_size`
+            (`PipelineModel(cuts="auto")`).
         spectrain_target, micro_batches: pipelines: as `PipelineModel`.
         loss: the loss; None means sparse categorical cross-entropy on logits.
         metrics: the compiled metrics (e.g. `["accuracy"]`), or None.
+        batch_size: pipelines with "auto" cuts: the batch size to profile and plan at.
 
     Returns:
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
@@ -97,7 +100,7 @@ def build_trainer(
         return model
     model = build_model()
     if cuts is None:
-        cuts = partition.default_cuts(model, len(devices))
+        cuts = "auto"
     elif callable(cuts):
         cuts = cuts(model)
     pipe = PipelineModel(
@@ -107,6 +110,7 @@ def build_trainer(
         mode=mode,
         spectrain_target=spectrain_target,
         micro_batches=micro_batches,
+        profile_batch_size=batch_size,
     )
     pipe.compile(optimizer=sgd(SpecTrainSGD, **settings), loss=loss, metrics=metrics)
     return pipe

@@ -13,7 +13,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint, data, devices, input_checks, models, trainers
+from tf_spectrain import checkpoint, data, devices, input_checks, models, modes, trainers
 from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry
 from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has always exported
     CheckpointWriteError,
@@ -125,6 +125,12 @@ def prepare(config):
     input_checks.check_micro_batch_split(
         num_train, config.batch_size, config.micro_batches, flags=True
     )
+    cuts = config.cuts
+    if config.resume and cuts == "auto" and config.checkpoint_dir is not None:
+        saved = checkpoint.saved_cuts(config.checkpoint_dir)
+        if saved is not None and config.mode in modes.PIPELINE_MODES:
+            cuts = saved
+            print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
     trainer = trainers.build_trainer(
         lambda: models.get_model(config.model, info.image_shape, info.num_classes),
         config.mode,
@@ -132,10 +138,11 @@ def prepare(config):
         learning_rate=config.lr,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
-        cuts=config.cuts,
+        cuts=cuts,
         spectrain_target=config.spectrain_target,
         micro_batches=config.micro_batches,
         metrics=["accuracy"],
+        batch_size=config.batch_size,
     )
     model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)

@@ -23,7 +23,12 @@ from tf_spectrain.checkpoint.format import (
     TMP_PREFIX,
     CheckpointError,
 )
-from tf_spectrain.checkpoint.resume import apply_learning_rate, refuse_existing, restore_latest
+from tf_spectrain.checkpoint.resume import (
+    apply_learning_rate,
+    refuse_existing,
+    restore_latest,
+    saved_cuts,
+)
 from tf_spectrain.checkpoint.state import (
     COMPARED,
     describe_run,
@@ -58,6 +63,7 @@ __all__ = [
     "refuse_existing",
     "restore_checkpoint",
     "restore_latest",
+    "saved_cuts",
     "save",
     "save_checkpoint",
     "trainer_optimizers",

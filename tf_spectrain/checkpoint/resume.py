@@ -11,6 +11,7 @@ import keras
 
 from tf_spectrain import checks
 from tf_spectrain.checkpoint import compat, state, store
+from tf_spectrain.checkpoint.format import UnreadableFile, read_info
 
 
 def restore_latest(trainer, directory, facts):
@@ -38,6 +39,29 @@ def restore_latest(trainer, directory, facts):
         raise compat.IncompatibleCheckpoint(
             f"{error} (train.py: another --checkpoint-dir, or another --logdir)"
         ) from None
+
+
+def saved_cuts(directory):
+    """The cuts the newest checkpoint of `directory` was trained at, for `--resume`.
+
+    A pipeline with planned cuts (`--cuts auto`) resumes at the saved cuts, never at a
+    fresh plan: timings vary between runs, so a new plan could differ.
+
+    Args:
+        directory: the run's checkpoint directory.
+
+    Returns:
+        The list of cut layer names, or None when there is no readable checkpoint or it
+        holds no cuts (the restore then says what is wrong, if anything).
+    """
+    path = store.latest_checkpoint(directory)
+    if path is None:
+        return None
+    try:
+        cuts = read_info(path)["metadata"].get("cuts")
+    except (UnreadableFile, KeyError, AttributeError):
+        return None
+    return list(cuts) if isinstance(cuts, list) else None
 
 
 def apply_learning_rate(trainer, lr):

@@ -192,12 +192,16 @@ def restore_checkpoint(trainer, path, metadata=None):
 
     Raises:
         CheckpointError (a ValueError): a corrupt checkpoint (naming the file) or one
-            written by a different model, cuts, mode or run (saying what differs).
+            written by a different model, cuts, mode or run (saying what differs). A
+            pipeline whose cuts were planned (`cuts="auto"`) is first re-cut at the
+            checkpoint's cuts (`PipelineModel.use_cuts`), so a plan that came out
+            differently this time does not refuse the restore.
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
     """
     arrays, info = store.load_checkpoint(path)
-    current = dict(describe_run(trainer), extra=dict(metadata or {}))
     saved = info["metadata"]
+    _use_saved_cuts(trainer, saved)
+    current = dict(describe_run(trainer), extra=dict(metadata or {}))
     keys = list(COMPARED) + [f"extra.{k}" for k in sorted(current["extra"])]
     compat.check_compatible(dict(info, metadata=_flatten(saved)), _flatten(current), keys)
     parts = _parts(trainer)
@@ -233,6 +237,18 @@ def restore_checkpoint(trainer, path, metadata=None):
             trainer.epochs_trained = int(saved["epochs_trained"])
         trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
+
+
+def _use_saved_cuts(trainer, saved):
+    """A pipeline with planned cuts takes the checkpoint's cuts (same number of stages)."""
+    if not is_pipeline(trainer) or trainer.partition_plan is None:
+        return
+    cuts = saved.get("cuts")
+    if isinstance(cuts, list) and len(cuts) == len(trainer.cuts) and cuts != trainer.cuts:
+        try:
+            trainer.use_cuts(cuts)
+        except (TypeError, ValueError):
+            pass  # not layers of this model: the comparison below says what differs
 
 
 def _flatten(meta):

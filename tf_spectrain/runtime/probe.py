@@ -14,7 +14,11 @@ from tf_spectrain.runtime.graphs import graph_function
 
 
 def _distance(a, b):
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]))
+    """The Euclidean distance between two lists of tensors (0 for a weightless stage)."""
+    squares = [tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]
+    if not squares:
+        return tf.zeros((), tf.float32)
+    return tf.sqrt(tf.add_n(squares))
 
 
 class WeightProbe:
