@@ -27,6 +27,7 @@ from checkpoint_helpers import (
 from tf_spectrain import batching, checkpoint_store, data
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
 from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.pipeline_model import PipelineModel
 
 
 @pytest.mark.parametrize("mode", ["spectrain", "stash", "vanilla"])
@@ -162,3 +163,33 @@ def test_plain_keras_model_round_trip(tmp_path):
     for a, b in zip(model.variables + model.optimizer.variables,
                     other.variables + other.optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_planned_pipeline_restores_at_the_checkpoints_cuts(tmp_path):
+    # Timings vary between runs, so a fresh plan may cut elsewhere than the run that saved
+    # the checkpoint; the restore re-cuts the planned pipeline at the saved cuts.
+    whole = pipeline("spectrain")  # cuts dense0, bn
+    train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
+    first = checkpoint_store.list_checkpoints(tmp_path)[0]
+    resumed = PipelineModel(tiny_model(), num_stages=3, mode="spectrain")
+    assert resumed.planned_cuts and resumed.partition_plan.cuts == resumed.cuts
+    resumed.use_cuts(["pool", "dense1"])  # stands in for a plan that came out differently
+    resumed.compile(
+        SpecTrainSGD(0.05, momentum=0.9, weight_decay=1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ["accuracy"],
+    )
+    info = restore_checkpoint(resumed, first)
+    assert resumed.cuts == ["dense0", "bn"]
+    train(resumed, info["epoch"], EPOCHS)
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_given_cuts_are_never_replaced_by_a_checkpoints(tmp_path):
+    whole = pipeline("spectrain")
+    train(whole, 0, 1, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
+    other = pipeline("spectrain", cuts=("pool", "dense1"))
+    with pytest.raises(ValueError, match="cuts"):
+        restore_checkpoint(other, checkpoint_store.latest_checkpoint(tmp_path))
+    assert other.cuts == ["pool", "dense1"]

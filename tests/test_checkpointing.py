@@ -36,13 +36,25 @@ def run_cli(argv, capsys):
     return code, capsys.readouterr()
 
 
-def test_cli_resume_equals_uninterrupted(tmp_path, capsys):
+def test_cli_resume_equals_uninterrupted(tmp_path, capsys, monkeypatch):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
-    assert run_cli(CLI + ["--epochs", "3", "--logdir", whole], capsys)[0] == 0
     assert run_cli(CLI + ["--epochs", "2", "--logdir", split], capsys)[0] == 0
+    saved = store.load_checkpoint(store.latest_checkpoint(os.path.join(split, "checkpoints")))
+    cuts = saved[1]["metadata"]["cuts"]  # planned (--cuts auto); timings may plan others
+    assert run_cli(CLI + ["--epochs", "3", "--logdir", whole, "--cuts", ",".join(cuts)],
+                   capsys)[0] == 0
+
+    # The resumed run must train at the checkpoint's cuts, never at a fresh plan.
+    from tf_spectrain import autocuts
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("--resume planned new cuts")
+
+    monkeypatch.setattr(autocuts, "plan", no_planning)
     code, out = run_cli(CLI + ["--epochs", "3", "--logdir", split, "--resume"], capsys)
     assert code == 0
     assert "resuming" in out.out and "ckpt-e0002-b000000" in out.out
+    assert f"using the checkpoint's cuts {', '.join(cuts)}" in out.out
     a = keras.models.load_model(os.path.join(whole, "model.keras"), compile=False)
     b = keras.models.load_model(os.path.join(split, "model.keras"), compile=False)
     for x, y in zip(a.get_weights(), b.get_weights()):
@@ -187,7 +199,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
     from tf_spectrain.callbacks import Telemetry
 
     whole, split = tmp_path / "whole", tmp_path / "split"
-    argv = CLI + ["--epochs", "2", "--mode", "sync", "--log-every", "1"]
+    argv = CLI + ["--epochs", "2", "--mode", "sync", "--log-every", "1", "--cuts", "dense1"]
     assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
     args = dataclasses.replace(cli.parse_args(argv + ["--logdir", str(split)]), verbose=0)
     run = training.prepare(args)

@@ -81,7 +81,9 @@ class PipelineModel:
     Attributes:
         cuts: the cut layer names (chosen or given). `partition_plan`: the
             `costmodel.PartitionPlan` of `cuts="auto"` (`print(pipe.partition_plan)`
-            shows a table), else None.
+            shows a table), else None (also after `use_cuts`). `planned_cuts`: whether
+            the cuts were planned, so that `use_cuts` (and a checkpoint's cuts) may
+            replace them.
         stages: the per-stage Keras models, each on its device. `runners`: each stage's
             `runtime.stage.StageRunner` (after `compile`). `plans`: each stage's
             `modes.PassPlan`. `progress`: the `runtime.state.Progress` of `fit`.
@@ -125,7 +127,8 @@ class PipelineModel:
         self.spectrain_target = spectrain_target
         self.micro_batches = int(micro_batches)
         self.partition_plan = None
-        if isinstance(cuts, str) and cuts == AUTO:
+        self.planned_cuts = isinstance(cuts, str) and cuts == AUTO
+        if self.planned_cuts:
             devices = autocuts.stage_devices(devices, num_stages)
             profile_batch_size = input_checks.check_int(
                 "profile_batch_size", profile_batch_size, 1
@@ -180,7 +183,7 @@ class PipelineModel:
         cuts = list(checks.check_instance("cuts", cuts, (list, tuple)))
         if cuts == self.cuts:
             return
-        if self.partition_plan is None:
+        if not self.planned_cuts:
             raise ValueError(
                 f"This pipeline was built with the cuts {self.cuts}; only planned cuts "
                 f"(cuts='auto') can be replaced. Received: cuts={cuts}"

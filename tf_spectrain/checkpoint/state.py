@@ -241,7 +241,7 @@ def restore_checkpoint(trainer, path, metadata=None):
 
 def _use_saved_cuts(trainer, saved):
     """A pipeline with planned cuts takes the checkpoint's cuts (same number of stages)."""
-    if not is_pipeline(trainer) or trainer.partition_plan is None:
+    if not is_pipeline(trainer) or not trainer.planned_cuts:
         return
     cuts = saved.get("cuts")
     if isinstance(cuts, list) and len(cuts) == len(trainer.cuts) and cuts != trainer.cuts:
