@@ -4,11 +4,14 @@
     python -m benchmarks.overlap --rounds 5 --out docs/overlap.md
     python -m benchmarks.overlap --quick                 # small_cnn, 1 round: a smoke run
 
-The CPU stand-in for "two GPUs beat one" (issue 11). The reference is single-device Keras
-`model.fit` with one intra-op and one inter-op thread: it uses exactly one core. Every
-pipeline runs 2 stages (VGG16 cut at `block3_relu2`) with one intra-op thread, so each
-stage can use one core of two and the ideal speed-up is 2.0. Stages that recompute their
-forward (vanilla, paper SpecTrain: 2F + B on stage 0) are bounded near 1.5x at this cut.
+The CPU stand-in for "two GPUs beat one" (issues 11 and 12). The reference is
+single-device Keras `model.fit` with one intra-op and one inter-op thread: it uses exactly
+one core. Every pipeline runs 2 stages with one intra-op thread, so each stage can use one
+core of two and the ideal speed-up is 2.0. With `--cuts auto` (the default) every pipeline
+process plans its own cuts (`PipelineModel(cuts="auto")`, profiled at the batch size in
+that process, so the plan knows the mode: stages that recompute their forward, as in
+vanilla and paper SpecTrain, get less of the model); `--cuts fixed` cuts VGG16 at
+`block3_relu2` as issue 11 did (recomputing modes are then bounded near 1.5x).
 
 Each run is a fresh process: a warm-up fit of `--warmup` mini-batches (tracing), then a
 short timed fit of `--short` mini-batches and a long one of `--long`, each timed from the
@@ -54,6 +57,8 @@ def parse_args(argv):
     p.add_argument("--short", type=common.positive_int, default=8, help="mini-batches")
     p.add_argument("--long", type=common.positive_int, default=32, help="mini-batches")
     p.add_argument("--rounds", type=common.positive_int, default=3)
+    p.add_argument("--cuts", choices=("auto", "fixed"), default="auto",
+                   help="auto: each pipeline plans its cuts; fixed: the cut of issue 11")
     p.add_argument("--configs", type=common.csv_of(str, tuple(CONFIGS)), default=list(CONFIGS))
     p.add_argument("--quick", action="store_true", help="small_cnn, short windows, 1 round")
     p.add_argument("--out", help="also write the table to this file")
@@ -96,7 +101,8 @@ def child(args):
     trainer = trainers.build_trainer(
         lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
         mode, devices, learning_rate=0.01, momentum=0.9,
-        cuts=None if mode == "single" else CUTS[args.model], **options,
+        cuts=None if mode == "single" else ("auto" if args.cuts == "auto" else CUTS[args.model]),
+        batch_size=args.batch_size, **options,
     )
     rng = np.random.default_rng(0)
     b = args.batch_size
@@ -108,7 +114,12 @@ def child(args):
         return without_autotune(ds.batch(b).prefetch(2))
 
     trainer.fit(batches(args.warmup), epochs=1, verbose=0)
-    out = {"config": name, "model": args.model, "batch_size": b}
+    out = {"config": name, "model": args.model, "batch_size": b,
+           "cuts": getattr(trainer, "cuts", None)}
+    plan = getattr(trainer, "partition_plan", None)
+    if plan is not None:
+        out["predicted_balance"] = plan.balance
+        out["planning_seconds"] = plan.profile_seconds
     for window in ("short", "long"):
         steps = getattr(args, window)
         data = batches(steps)
@@ -125,6 +136,7 @@ def child(args):
 
 def measure(name, args):
     flags = ["--child", name, "--model", args.model, "--batch-size", str(args.batch_size),
+             "--cuts", args.cuts,
              "--warmup", str(args.warmup), "--short", str(args.short), "--long", str(args.long)]
     return common.run_json_child("benchmarks.overlap", flags, name)
 
@@ -139,10 +151,15 @@ def _spread(values, fmt):
 
 def table(results, args, minutes):
     """Markdown: per configuration and window, medians (range) over rounds."""
+    where = (
+        "with planned cuts (each run its own: see below)"
+        if args.cuts == "auto"
+        else f"at {CUTS[args.model][0]}"
+    )
     lines = [
         "`" + " ".join(["python -m benchmarks.overlap", *sys.argv[1:]]) + "`",
         "",
-        f"{args.model}, batch {args.batch_size}, 2 stages at {CUTS[args.model][0]}, a warm-up "
+        f"{args.model}, batch {args.batch_size}, 2 stages {where}, a warm-up "
         f"fit of {args.warmup}, then windows of {args.short} (short) and {args.long} (long) "
         f"mini-batches; {args.rounds} interleaved rounds of fresh processes, {minutes:.1f} "
         "min. Medians, (min-max) over rounds; speed-up = images/s / the same round's "
@@ -169,14 +186,15 @@ def table(results, args, minutes):
 def runs_table(results):
     """Markdown: every run of every configuration, round by round (images/s and CPU/wall)."""
     lines = [
-        "| configuration | round | short: images/s | short: CPU/wall | long: images/s "
+        "| configuration | round | cut | short: images/s | short: CPU/wall | long: images/s "
         "| long: CPU/wall |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         for r, run in enumerate(runs, 1):
+            cut = ", ".join(run.get("cuts") or []) or "-"
             lines.append(
-                f"| {name} | {r} | {run['short']['images_per_second']:.1f} | "
+                f"| {name} | {r} | {cut} | {run['short']['images_per_second']:.1f} | "
                 f"{run['short']['cores']:.2f} | {run['long']['images_per_second']:.1f} | "
                 f"{run['long']['cores']:.2f} |"
             )

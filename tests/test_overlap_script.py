@@ -14,7 +14,8 @@ def record(ips_short, cores_short, ips_long, cores_long):
     }
 
 
-ARGS = argparse.Namespace(model="vgg16", batch_size=64, warmup=3, short=8, long=32, rounds=3)
+ARGS = argparse.Namespace(model="vgg16", batch_size=64, warmup=3, short=8, long=32, rounds=3,
+                          cuts="auto")
 RESULTS = {
     "single-1core": [record(50, 1.0, 51, 1.0), record(40, 1.0, 42, 1.0), record(45, 1.0, 44, 1.0)],
     "stash": [record(95, 1.9, 100, 1.9), record(60, 1.2, 84, 1.85), record(90, 1.8, 88, 1.9)],
@@ -54,4 +55,18 @@ def test_every_run_is_listed_with_its_cpu_per_wall():
     lines = overlap.runs_table(RESULTS).splitlines()[2:]
     assert len(lines) == 6
     cells = [c.strip() for c in lines[4].strip("|").split("|")]
-    assert cells == ["stash", "2", "60.0", "1.20", "84.0", "1.85"]
+    assert cells == ["stash", "2", "-", "60.0", "1.20", "84.0", "1.85"]
+
+
+def test_every_run_lists_its_cuts():
+    results = {
+        "single-1core": [dict(record(50, 1.0, 51, 1.0), cuts=None)],
+        "stash": [dict(record(95, 1.9, 100, 1.9), cuts=["block3_conv1"])],
+    }
+    rows = overlap.runs_table(results).splitlines()
+    assert "| stash | 1 | block3_conv1 | 95.0 |" in "\n".join(rows)
+    assert "| single-1core | 1 | - | 50.0 |" in "\n".join(rows)
+    assert overlap.parse_args([]).cuts == "auto"
+    assert "at block3_relu2" in overlap.table(
+        RESULTS, argparse.Namespace(**dict(vars(ARGS), cuts="fixed")), 1.0
+    )
