@@ -2,6 +2,7 @@
 
     python -m benchmarks.sync_gradient --models NASNetMobile --cuts 24
     python -m benchmarks.sync_gradient            # every architecture of issue 11
+    python -m benchmarks.sync_gradient --auto 4   # one planned 4-stage pipeline per model
     python -m benchmarks.sync_gradient --help
 
 `sync` is sequential SGD, so after one step its weights must equal Keras' (from the same
@@ -36,15 +37,21 @@ import sys
 
 from benchmarks import common
 
-MODELS = {  # the architectures of issue 11, at the smallest input each accepts
+MODELS = {  # the architectures of issues 11 and 12, at the smallest input each accepts
     "ResNet50": 32,
+    "ResNet101": 32,
     "MobileNetV2": 32,
+    "MobileNetV3Small": 32,
     "DenseNet121": 32,
     "InceptionV3": 75,
     "Xception": 71,
     "NASNetMobile": 32,
+    "EfficientNetB0": 32,
+    "EfficientNetV2B0": 32,
     "ConvNeXtTiny": 32,
 }
+"""Dropout layers (MobileNetV3's and EfficientNet's heads and blocks) get rate 0, so that
+sync can equal Keras exactly; the pipeline and Keras build the same model."""
 
 
 def parse_args(argv):
@@ -61,6 +68,9 @@ def parse_args(argv):
                    "(default: 1e-4 in float32, 1e-9 in float64)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                    help="the models' dtype; float64 leaves no ReLU within rounding of 0")
+    p.add_argument("--auto", type=common.positive_int, metavar="N",
+                   help="instead of the sweep: one pipeline of N stages per model with "
+                   "cuts='auto' (planned from measured time)")
     p.add_argument("--out", help="also append every row to this JSON-lines file")
     p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -334,6 +344,64 @@ def sweep(build, x, y, positions, devices, diagnostics=True):
     return rows
 
 
+def auto_row(build, x, y, num_stages, devices):
+    """One sync step of a `cuts="auto"` pipeline of `num_stages` against Keras' `fit`.
+
+    Args:
+        build: a function returning a fresh, identically initialised Keras model.
+        x, y: one mini-batch.
+        num_stages: the pipeline's stages.
+        devices: at least `num_stages` device names.
+
+    Returns:
+        A dict with `cuts` (the planned ones), `crossing` (tensors crossing each cut),
+        `relative_error`, `variables_off`, `variables`, `planning_seconds` and
+        `keras_eager` (as in `sweep`).
+    """
+    import keras
+
+    import tf_spectrain
+
+    initial, expected = _keras_step(build, x, y)
+    model = build()
+    pipe = tf_spectrain.PipelineModel(
+        model, devices=devices[:num_stages], mode="sync", profile_batch_size=len(x)
+    )
+    specs = tf_spectrain.partition.describe_stages(model, pipe.cuts)
+    pipe.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+    )
+    pipe.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    got = [w.numpy() for w in model.trainable_weights]
+    error, off = relative_error(got, expected, initial)
+    return {
+        "cuts": pipe.cuts,
+        "crossing": [len(spec.input_shapes) for spec in specs[1:]],
+        "relative_error": error,
+        "variables_off": off,
+        "variables": len(got),
+        "planning_seconds": pipe.partition_plan.profile_seconds,
+        "keras_eager": keras_eager_error(build, x, y, reference=(initial, expected)),
+    }
+
+
+AUTO_HEADER = (
+    "| model | planned cuts (tensors crossing) | relative error | variables off "
+    "| Keras' fit, run eagerly | planning (s) |\n|---|---|---|---|---|---|"
+)
+
+
+def _without_dropout(model):
+    """`model` with every Dropout layer's rate set to 0 (see `MODELS`)."""
+    import keras
+
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Dropout):
+            layer.rate = 0.0
+    return model
+
+
 def _cell(value, fmt):
     return "-" if value is None else format(value, fmt)
 
@@ -349,7 +417,7 @@ HEADER = (
 def per_model_processes(argv, args):
     """Runs each model in a fresh process (a sweep's memory grows with every build)."""
     print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
-    print(HEADER, flush=True)
+    print(AUTO_HEADER if args.auto else HEADER, flush=True)
     status = 0
     for name in args.models:
         cmd, env = common.child_command(
@@ -364,7 +432,7 @@ def main(argv=None):
     args = parse_args(argv)
     if len(args.models) > 1:
         return per_model_processes(argv, args)
-    devices = common.prepare_tensorflow(2)
+    devices = common.prepare_tensorflow(max(2, args.auto or 2))
     import keras
     import numpy as np
 
@@ -374,18 +442,34 @@ def main(argv=None):
     worst = 0.0
     if not args.no_header:
         print(f"{args.dtype}, batch {args.batch_size}, seed {args.seed}")
-        print(HEADER)
+        print(AUTO_HEADER if args.auto else HEADER)
     for name in args.models:
         size = MODELS[name]
         application = getattr(keras.applications, name)
 
         def build(application=application, size=size):
             keras.utils.set_random_seed(args.seed)
-            return application(weights=None, input_shape=(size, size, 3), classes=10)
+            return _without_dropout(
+                application(weights=None, input_shape=(size, size, 3), classes=10)
+            )
 
         rng = np.random.default_rng(args.seed)
         x = rng.normal(size=(args.batch_size, size, size, 3)).astype(args.dtype)
         y = np.arange(args.batch_size) % 10
+        if args.auto:
+            row = dict(auto_row(build, x, y, args.auto, devices), model=name)
+            worst = max(worst, row["relative_error"])
+            mark = " **over**" if row["relative_error"] > args.tolerance else ""
+            cuts = ", ".join(f"{c} ({n})" for c, n in zip(row["cuts"], row["crossing"]))
+            print(
+                f"| {name} | {cuts} | {row['relative_error']:.2e}{mark} | "
+                f"{row['variables_off']} of {row['variables']} | {row['keras_eager']:.2e} | "
+                f"{row['planning_seconds']:.1f} |",
+                flush=True,
+            )
+            if args.out:
+                common.append_jsonl(args.out, row)
+            continue
         positions = args.positions or evenly_spaced(range(1, len(build().layers) - 1), args.cuts)
         for row in sweep(build, x, y, positions, devices, diagnostics=float32):
             row["model"] = name
