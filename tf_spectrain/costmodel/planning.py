@@ -194,17 +194,44 @@ def _allowed_ends(profile, allowed, num_stages):
 def _search(terms, ends, limits):
     """The best cut positions, or None when no cut list fits the memory limits."""
     num_stages = terms.num_stages
+    fits = _memory_fit(terms, limits)
 
     def price(first, last, k):
-        if limits is not None and limits[k] is not None:
-            if terms.estimate(first, last, k).memory_bytes > limits[k]:
-                return math.inf
+        if fits is not None and last > fits(first, k):
+            return math.inf
         return terms.seconds(first, last, k)
 
     bound = _min_max(price, terms.last_layer, ends, num_stages)
     if math.isinf(bound):
         return None
     return _least_total_within(price, terms.last_layer, ends, num_stages, bound)
+
+
+def _memory_fit(terms, limits):
+    """`fits(first, k)`: the last layer a stage `k` from `first` may end at within its limit.
+
+    A stage's memory only grows as it takes more layers, so a binary search finds it;
+    results are cached. None when there are no limits.
+    """
+    if limits is None or all(limit is None for limit in limits):
+        return None
+    cache = {}
+
+    def fits(first, k):
+        if limits[k] is None:
+            return terms.last_layer
+        if (first, k) not in cache:
+            lo, hi = first - 1, terms.last_layer  # fits(first) is in [first - 1, last]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if terms.memory_bytes(first, mid, k) <= limits[k]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            cache[(first, k)] = lo
+        return cache[(first, k)]
+
+    return fits
 
 
 def _min_max(price, last, ends, num_stages):
@@ -262,8 +289,7 @@ def _memory_message(terms, ends, limits):
 
     def ratio(first, last, k):
         limit = limits[k]
-        need = terms.estimate(first, last, k).memory_bytes
-        return 0.0 if limit is None else need / limit
+        return 0.0 if limit is None else terms.memory_bytes(first, last, k) / limit
 
     bound = _min_max(ratio, terms.last_layer, ends, terms.num_stages)
     cuts = _least_total_within(ratio, terms.last_layer, ends, terms.num_stages, bound)

@@ -201,6 +201,17 @@ class StageTerms:
             cost += self.transfer(self._crossing[first - 1])
         return cost
 
+    def memory_bytes(self, first, last, k):
+        """`estimate(first, last, k).memory_bytes`, without building the estimate."""
+        sums = self._sums[id(self.profiles[k])]
+        params = sums.params[last + 1] - sums.params[first]
+        acts = sums.acts[last + 1] - sums.acts[first]
+        inputs = self._crossing[first - 1] if first > 0 else sums.input_bytes
+        n = self.in_flight(k)
+        activation = n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
+        versions = self._stashed_versions(k)
+        return params * (1 + self.optimizer_slots + versions) + activation
+
     def _stashed_versions(self, k):
         n = self.in_flight(k)
         if self.mode == "stash":
