@@ -263,3 +263,20 @@ def test_profile_cache_entries_go_with_their_model():
     del model
     gc.collect()
     assert key not in autoplan._PROFILES
+
+
+def test_use_cuts_builds_the_stages_from_the_models_current_weights():
+    # Weights set on the model after the pipeline was built (pretrained weights, say) are
+    # what the new stages start from; the old stages' copies must not overwrite them.
+    model = make_cnn(seed=8)
+    pipe = PipelineModel(model, num_stages=2, mode="sync", profile_batch_size=BATCH)
+    rng = np.random.default_rng(1)
+    new_weights = [rng.normal(size=w.shape).astype(w.dtype) for w in model.get_weights()]
+    model.set_weights(new_weights)
+    new = ["relu1"] if pipe.cuts != ["relu1"] else ["pool1"]
+    pipe.use_cuts(new)
+    assert_same(model.get_weights(), new_weights)
+    by_name = {w.path: w.numpy() for w in model.weights}
+    for stage in pipe.stages:
+        for w in stage.weights:
+            np.testing.assert_array_equal(w.numpy(), by_name[w.path])
