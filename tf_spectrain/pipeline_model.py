@@ -195,7 +195,8 @@ class PipelineModel:
             )
         if self._loop is not None:
             raise ValueError("`use_cuts` cannot re-cut a pipeline while `fit` runs.")
-        self.copy_weights_to_model()
+        # The wrapped model holds the true weights outside `fit` (which copies them to the
+        # stages first); the new stages are built from them, so nothing is copied back.
         compiled = self._compiled_with
         self._build(cuts, self.devices)
         self.partition_plan = None

@@ -24,7 +24,9 @@ Memory, bytes on the stage's device:
   one that recomputes keeps only its inputs, plus one forward's outputs while it recomputes.
 - `stash_bytes`: weight versions the in-flight mini-batches hold besides the current
   weights: `N - k - 1` in `stash`, `N - k` predicted ones in consistent `spectrain`, one
-  predicted version at a time in paper `spectrain`, none in `sync` and `vanilla`.
+  predicted version at a time in paper `spectrain`, none in `sync` and `vanilla`, nor on
+  a stage that predicts `s = 0` steps ahead (the last stage in consistent `spectrain`,
+  and in paper `spectrain` with `N <= 2`): it runs at its current weights.
 
 It is a model: framework workspace, BatchNorm statistics and allocator slack are left out.
 """
@@ -216,9 +218,10 @@ class StageTerms:
         n = self.in_flight(k)
         if self.mode == "stash":
             return n - 1
-        if self.mode == "spectrain":
-            return n if self.spectrain_target == "consistent" else 1
-        return 0
+        plan = self._plans[k]
+        if self.mode != "spectrain" or not (plan.forward_steps or plan.backward_steps):
+            return 0  # no prediction (s = 0): the stage runs at its current weights
+        return n if self.spectrain_target == "consistent" else 1
 
 
 class _PrefixSums:
