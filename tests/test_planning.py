@@ -381,3 +381,19 @@ def test_partition_plan_bottleneck_moves_with_the_slowest_stage():
     assert len(marked) == 1 and "slow .. slow" in marked[0]
     # Balanced within tolerance: a one-stage plan has balance 1.
     assert costmodel.plan_partition(profile, 1, 1).balance == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "weight_bytes, limit, expected",
+    [
+        (60.0, 50.0, "needs stage 0: 60 bytes (limit 50 bytes)"),
+        (3 * 2**10, 2**10, "needs stage 0: 3.0 KiB (limit 1.0 KiB)"),
+        (5 * 2**30, 2**30, "needs stage 0: 5.0 GiB (limit 1.0 GiB)"),
+    ],
+)
+def test_memory_limit_error_picks_a_readable_unit(weight_bytes, limit, expected):
+    profile = ModelProfile([L("a", 1, 1, 0, weight_bytes), L("b", 1, 1, 0, 0)], batch_size=1)
+    with pytest.raises(costmodel.MemoryLimitError) as info:
+        costmodel.plan_partition(profile, 1, 1, mode="sync", memory_limit=limit,
+                                 optimizer_slots=0)
+    assert expected in str(info.value)

@@ -81,7 +81,8 @@ class PipelineModel:
     Attributes:
         cuts: the cut layer names (chosen or given). `partition_plan`: the
             `costmodel.PartitionPlan` of `cuts="auto"` (`print(pipe.partition_plan)`
-            shows a table), else None (also after `use_cuts`). `planned_cuts`: whether
+            shows a table), else None (given cuts, a one-stage pipeline, or after
+            `use_cuts`). `planned_cuts`: whether
             the cuts were planned, so that `use_cuts` (and a checkpoint's cuts) may
             replace them.
         stages: the per-stage Keras models, each on its device. `runners`: each stage's

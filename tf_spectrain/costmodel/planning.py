@@ -298,8 +298,8 @@ def _memory_message(terms, ends, limits):
     needs = []
     for k in range(terms.num_stages):
         need = terms.estimate(bounds[k] + 1, bounds[k + 1], k).memory_bytes
-        limit = "no limit" if limits[k] is None else f"limit {limits[k] / 2**20:.1f} MiB"
-        needs.append(f"stage {k}: {need / 2**20:.1f} MiB ({limit})")
+        limit = "no limit" if limits[k] is None else f"limit {_size(limits[k])}"
+        needs.append(f"stage {k}: {_size(need)} ({limit})")
     return (
         f"No cuts of model '{terms.profiles[0].name}' into {terms.num_stages} stages fit "
         f"`memory_limit` in mode '{terms.mode}' at batch size {terms.batch_size}. The plan "
@@ -307,3 +307,11 @@ def _memory_message(terms, ends, limits):
         f"{'; '.join(needs)}. Use more stages, a smaller batch, another mode (sync keeps "
         "one mini-batch in flight) or raise `memory_limit`."
     )
+
+
+def _size(num_bytes):
+    """Bytes in the largest binary unit that keeps the number >= 1, e.g. '10.0 MiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes:.0f} bytes"
