@@ -192,7 +192,7 @@ def test_bad_stage_arguments_are_refused_before_profiling(cnn, monkeypatch, kwar
 
 
 def test_a_memory_limit_nothing_fits_raises(cnn):
-    with pytest.raises(costmodel.MemoryLimitError, match=r"needs stage 0: .* MiB \(limit "):
+    with pytest.raises(costmodel.MemoryLimitError, match=r"needs stage 0: .* \(limit 100 bytes\)"):
         PipelineModel(cnn, num_stages=2, profile_batch_size=BATCH, memory_limit=100.0)
     # The model's own weights alone (a few hundred bytes) would fit a roomy limit.
     pipe = PipelineModel(cnn, num_stages=2, profile_batch_size=BATCH, memory_limit=2.0**30)
