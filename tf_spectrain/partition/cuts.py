@@ -141,6 +141,13 @@ def _unknown_name_message(graph, cuts, name):
             f"`cuts` must name layers that end a stage, but '{name}' is an input layer, "
             f"so the first stage would be empty. {received}"
         )
+    if name in graph.nested_models:
+        inner = graph.nested_models[name]
+        return (
+            f"`cuts` must name layers of the model '{graph.model.name}', but '{name}' is a "
+            "nested model, which is split into its own layers: name one of them instead, "
+            f"such as '{inner[-1]}' ({len(inner)} layers, from '{inner[0]}'). {received}"
+        )
     message = f"`cuts` must name layers of the model '{graph.model.name}'. {received}"
     hint = did_you_mean(name, graph.names)
     if hint:

@@ -8,7 +8,10 @@ needed after it (a long skip connection) is both an input and an output of stage
 *passes through*, via a `keras.layers.Identity` (Keras cannot return an input unchanged).
 
 The stage models are built on the original model's tensors, so they share its layers and
-variables: splitting copies no weights, and training a stage trains the model.
+variables: splitting copies no weights, and training a stage trains the model. A model that
+nests other models (a `keras.applications` backbone under a new head, say) is cut in its
+flat graph (`graph.read_graph`): the stages are built on the tensors of that graph, whose
+layers are the nested models' own.
 """
 
 import dataclasses
@@ -103,9 +106,19 @@ def split_model(model, cuts):
     The stages share the model's layers and variables (nothing is copied), and
     `stages[k](...)` chained from stage 0 to the last reproduces `model(x)`.
 
+    Nested models (a functional model or built Sequential used as a layer, such as a
+    `keras.applications` backbone under a new head) are flattened into their layers,
+    recursively, so a cut may fall inside them: `cuts` name the nested layers (for
+    example `"block_3_add"` of a MobileNetV2 base), not the nested model, and the
+    topological order is that of the flat graph (as if the model had been built without
+    nesting). Its layers are the nested model's own, so training the stages trains it
+    too. The flat graph computes what the model computes when called with an explicit
+    `training=True` or `training=False` (see `tf_spectrain.partition.graph`).
+
     Args:
         model: a functional `keras.Model` or a built `keras.Sequential`, with every
-            layer called once (no shared layers).
+            layer called once (no shared layers, no nested model called twice) and,
+            once nested models are flattened, distinct layer names.
         cuts: list of layer names, in model order; each ends a stage.
 
     Returns:
@@ -113,9 +126,11 @@ def split_model(model, cuts):
 
     Raises:
         TypeError: if `model` is not a Keras model or `cuts` is not a list of strings.
-        ValueError: if the model has no functional graph or has shared layers, or a cut
-            is not a layer of the model, is repeated, out of order, or leaves a stage
-            empty.
+        ValueError: if the model has no functional graph, has shared layers (or a
+            nested model called more than once), two flattened layers with one name or
+            a nested model called with a `mask`, or a cut is not a layer of the model
+            (a nested model's own name is not: name one of its layers), is repeated, out
+            of order, or leaves a stage empty.
     """
     graph, stages = _plan_stages(model, cuts)
     taken = set(graph.names) | set(graph.input_layer_names)
