@@ -84,9 +84,17 @@ def rel_error(got, ref, w0):
     return np.sqrt(num / den)
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_sync_step_equals_keras_fit(name):
+@pytest.mark.parametrize(
+    "name, planned",
+    [(name, False) for name in sorted(ARCHITECTURES)]
+    # cuts="auto": profiled, planned and calibrated on 3 logical devices (DenseNet121's 428
+    # layers would take most of a minute to profile on one core).
+    + [("mobilenet_v2", True), ("mobilenet_v3_nested", True)],
+)
+def test_sync_step_equals_keras_fit(name, planned):
     model, cuts = build(name)
+    if planned:
+        cuts = "auto"
     x, y = data()
     reference = keras.models.clone_model(model)
     reference.set_weights(model.get_weights())
@@ -97,7 +105,11 @@ def test_sync_step_equals_keras_fit(name):
     )
     w0 = model.get_weights()
     ref_history = reference.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
-    pipe = PipelineModel(model, cuts=cuts, mode="sync")
+    pipe = PipelineModel(model, cuts=cuts, num_stages=3, mode="sync", profile_batch_size=len(x))
+    if planned:  # the plan's cuts are layers of the (flattened) model, in order
+        names = partition.describe_stages(model, [])[0].layer_names
+        positions = [names.index(c) for c in pipe.cuts]
+        assert pipe.cuts == pipe.partition_plan.cuts and positions == sorted(positions)
     pipe.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), LOSS)
     history = pipe.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
     assert pipe.num_stages == 3

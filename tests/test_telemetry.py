@@ -340,7 +340,7 @@ def test_train_py_graph_and_histograms_only_on_request(tmp_path, capsys):
     from tf_spectrain import cli
 
     argv = ["--model", "mlp", "--gpus", "2", "--limit", "32", "--batch-size", "16",
-            "--epochs", "1", "--prediction-every", "1"]
+            "--epochs", "1", "--prediction-every", "1", "--cuts", "dense1"]  # weights on both
     plain, extra = tmp_path / "plain", tmp_path / "extra"
     assert cli.main(argv + ["--logdir", str(plain)]) == 0
     assert cli.main(argv + ["--logdir", str(extra), "--graph", "--histograms"]) == 0

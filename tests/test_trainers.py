@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import modes, partition, trainers
+from tf_spectrain import modes, trainers
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -40,7 +40,8 @@ def test_pipeline_modes_build_a_compiled_pipeline(mode):
     pipe = build(mode)
     assert isinstance(pipe, PipelineModel) and pipe.mode == mode
     assert pipe.devices == DEVICES
-    assert pipe.cuts == partition.default_cuts(mlp(), 2)  # the default: balanced stages
+    # The default: cuts planned from measured time (which ones depends on the timings).
+    assert pipe.planned_cuts and pipe.cuts == pipe.partition_plan.cuts and len(pipe.cuts) == 1
     assert all(type(o) is SpecTrainSGD for o in pipe.stage_optimizers)
     for optimizer in trainers.optimizers(pipe):
         assert _settings(optimizer) == pytest.approx((0.05, 0.8, 1e-4))

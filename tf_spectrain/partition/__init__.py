@@ -1,5 +1,8 @@
 """Cut a Keras functional model into pipeline stages and place them on devices.
 
+Nested functional models (a `keras.applications` backbone under a new head) are read as
+their layers (`graph.read_graph`), so cuts may name layers inside them.
+
 - `split_model(model, cuts)`: stage sub-models that share the model's layers.
 - `describe_stages(model, cuts)`: a `StageSpec` per stage (layers, crossing shapes).
 - `default_cuts(model, num_stages, by="params")`: static balanced cut layers (parameters,
