@@ -37,6 +37,25 @@ def test_every_cut_of_a_branchy_model_equals_keras_after_one_step():
         assert row["relu_flips"] == 0 and row["keras_eager"] < 1e-5, row
 
 
+def test_a_planned_pipeline_of_a_branchy_model_equals_keras_after_one_step():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 6, 6, 2)).astype("float32")
+    row = sync_gradient.auto_row(_branches, x, np.arange(4), 3, ["/CPU:0", "/CPU:1", "/CPU:2"])
+    names = [layer.name for layer in _branches().layers]
+    assert len(row["cuts"]) == 2 and all(c in names for c in row["cuts"])
+    assert len(row["crossing"]) == 2 and min(row["crossing"]) >= 1
+    assert row["relative_error"] < 1e-4 and row["variables_off"] == 0, row
+    assert row["planning_seconds"] > 0
+
+
+def test_dropout_is_switched_off_for_the_comparison():
+    inputs = keras.Input((4,))
+    h = keras.layers.Dropout(0.5, name="drop")(keras.layers.Dense(3)(inputs))
+    model = sync_gradient._without_dropout(keras.Model(inputs, h))
+    x = np.ones((8, 4), "float32")
+    np.testing.assert_array_equal(model(x, training=True), model(x, training=False))
+
+
 def test_relative_error_sees_a_wrong_gradient():
     w0 = [np.zeros(3), np.zeros(2)]
     keras_w = [np.array([1.0, 0.0, 0.0]), np.array([0.0, 1.0])]

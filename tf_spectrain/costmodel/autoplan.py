@@ -25,6 +25,7 @@ import weakref
 
 import tensorflow as tf
 
+from tf_spectrain import checks
 from tf_spectrain.costmodel import measure, planning
 from tf_spectrain.costmodel.profile import ModelProfile
 
@@ -40,7 +41,7 @@ def auto_partition(
     micro_batches=1,
     memory_limit=None,
     link_bandwidth=None,
-    calibration_rounds=2,
+    calibration_rounds=4,
 ):
     """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
 
@@ -64,6 +65,9 @@ def auto_partition(
         TypeError, ValueError: for invalid arguments, or a model that cannot be split.
     """
     devices = list(devices)
+    calibration_rounds = checks.check_int(
+        "calibration_rounds", calibration_rounds, 0, meaning="stage timings"
+    )
     start = time.perf_counter()
     saved = [v.numpy() for v in model.non_trainable_variables]
     try:
