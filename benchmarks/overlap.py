@@ -44,6 +44,7 @@ CONFIGS = {  # name: (mode, extra options); "single-1core" is the reference
     "sync-M4": ("sync", {"micro_batches": 4}),
 }
 REFERENCE = "single-1core"
+CUT_KINDS = ("auto", "fixed")
 CUTS = {"vgg16": ["block3_relu2"], "small_cnn": ["pool1"]}
 
 
@@ -57,8 +58,9 @@ def parse_args(argv):
     p.add_argument("--short", type=common.positive_int, default=8, help="mini-batches")
     p.add_argument("--long", type=common.positive_int, default=32, help="mini-batches")
     p.add_argument("--rounds", type=common.positive_int, default=3)
-    p.add_argument("--cuts", choices=("auto", "fixed"), default="auto",
-                   help="auto: each pipeline plans its cuts; fixed: the cut of issue 11")
+    p.add_argument("--cuts", type=common.csv_of(str, CUT_KINDS), default=["auto"],
+                   help="auto: each pipeline plans its cuts; fixed: the cut of issue 11; "
+                   "auto,fixed: every pipeline both ways, interleaved")
     p.add_argument("--configs", type=common.csv_of(str, tuple(CONFIGS)), default=list(CONFIGS))
     p.add_argument("--quick", action="store_true", help="small_cnn, short windows, 1 round")
     p.add_argument("--out", help="also write the table to this file")
@@ -101,7 +103,7 @@ def child(args):
     trainer = trainers.build_trainer(
         lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
         mode, devices, learning_rate=0.01, momentum=0.9,
-        cuts=None if mode == "single" else ("auto" if args.cuts == "auto" else CUTS[args.model]),
+        cuts=None if mode == "single" else ("auto" if args.cuts == ["auto"] else CUTS[args.model]),
         batch_size=args.batch_size, **options,
     )
     rng = np.random.default_rng(0)
@@ -134,9 +136,21 @@ def child(args):
     print(json.dumps(out))
 
 
-def measure(name, args):
+def runs(args):
+    """`(label, configuration, cut kind)` of every run in a round, in order."""
+    out = []
+    for name in args.configs:
+        if CONFIGS[name][0] == "single":
+            out.append((name, name, args.cuts[0]))
+            continue
+        for kind in args.cuts:
+            out.append((name if len(args.cuts) == 1 else f"{name} ({kind})", name, kind))
+    return out
+
+
+def measure(name, kind, args):
     flags = ["--child", name, "--model", args.model, "--batch-size", str(args.batch_size),
-             "--cuts", args.cuts,
+             "--cuts", kind,
              "--warmup", str(args.warmup), "--short", str(args.short), "--long", str(args.long)]
     return common.run_json_child("benchmarks.overlap", flags, name)
 
@@ -153,8 +167,10 @@ def table(results, args, minutes):
     """Markdown: per configuration and window, medians (range) over rounds."""
     where = (
         "with planned cuts (each run its own: see below)"
-        if args.cuts == "auto"
+        if args.cuts == ["auto"]
         else f"at {CUTS[args.model][0]}"
+        if args.cuts == ["fixed"]
+        else f"with planned cuts (auto, each run its own) and at {CUTS[args.model][0]} (fixed)"
     )
     lines = [
         "`" + " ".join(["python -m benchmarks.overlap", *sys.argv[1:]]) + "`",
@@ -206,14 +222,14 @@ def main(argv=None):
     if args.child:
         return child(args)
     start = time.perf_counter()
-    results = {name: [] for name in args.configs}
+    results = {label: [] for label, _, _ in runs(args)}
     for r in range(args.rounds):
-        for name in args.configs:
-            record = measure(name, args)
-            results[name].append(record)
+        for label, name, kind in runs(args):
+            record = measure(name, kind, args)
+            results[label].append(record)
             if args.jsonl:
-                common.append_jsonl(args.jsonl, dict(record, round=r))
-            print(f"round {r + 1}: {name}: short {record['short']['images_per_second']:.1f} "
+                common.append_jsonl(args.jsonl, dict(record, round=r, cut_kind=kind))
+            print(f"round {r + 1}: {label}: short {record['short']['images_per_second']:.1f} "
                   f"images/s on {record['short']['cores']:.2f} cores, long "
                   f"{record['long']['images_per_second']:.1f} on "
                   f"{record['long']['cores']:.2f}", file=sys.stderr, flush=True)

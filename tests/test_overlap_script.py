@@ -15,7 +15,7 @@ def record(ips_short, cores_short, ips_long, cores_long):
 
 
 ARGS = argparse.Namespace(model="vgg16", batch_size=64, warmup=3, short=8, long=32, rounds=3,
-                          cuts="auto")
+                          cuts=["auto"])
 RESULTS = {
     "single-1core": [record(50, 1.0, 51, 1.0), record(40, 1.0, 42, 1.0), record(45, 1.0, 44, 1.0)],
     "stash": [record(95, 1.9, 100, 1.9), record(60, 1.2, 84, 1.85), record(90, 1.8, 88, 1.9)],
@@ -66,7 +66,20 @@ def test_every_run_lists_its_cuts():
     rows = overlap.runs_table(results).splitlines()
     assert "| stash | 1 | block3_conv1 | 95.0 |" in "\n".join(rows)
     assert "| single-1core | 1 | - | 50.0 |" in "\n".join(rows)
-    assert overlap.parse_args([]).cuts == "auto"
+    assert overlap.parse_args([]).cuts == ["auto"]
     assert "at block3_relu2" in overlap.table(
-        RESULTS, argparse.Namespace(**dict(vars(ARGS), cuts="fixed")), 1.0
+        RESULTS, argparse.Namespace(**dict(vars(ARGS), cuts=["fixed"])), 1.0
     )
+
+
+def test_both_cut_kinds_run_every_pipeline_twice_per_round():
+    args = overlap.parse_args(["--cuts", "auto,fixed", "--configs", "single-1core,stash"])
+    assert overlap.runs(args) == [
+        ("single-1core", "single-1core", "auto"),
+        ("stash (auto)", "stash", "auto"),
+        ("stash (fixed)", "stash", "fixed"),
+    ]
+    assert [label for label, _, _ in overlap.runs(overlap.parse_args([]))][:3] == [
+        "single-1core", "keras-default-threads", "stash"]
+    with pytest.raises(SystemExit):
+        overlap.parse_args(["--cuts", "balanced"])
