@@ -57,3 +57,24 @@ def test_link_and_concurrency_measurements_are_in_range():
         costmodel.measure_concurrency(["/CPU:0"])
     with pytest.raises(TypeError, match=r"workload=3"):
         costmodel.measure_concurrency(["/CPU:0", "/CPU:1"], workload=3)
+
+
+def test_measure_stages_runs_each_stage_on_its_device_with_its_own_variables():
+    # A grouped convolution on a CPU runs as a function of its own (XLA), which cannot
+    # read a variable that lives on another device: the stages must be placed copies, as
+    # the pipeline runs them (ConvNeXt's depthwise convolutions failed this way).
+    import keras
+
+    inputs = keras.Input((8, 8, 4))
+    h = keras.layers.Conv2D(4, 3, padding="same", name="first")(inputs)
+    h = keras.layers.Conv2D(4, 3, padding="same", groups=2, name="grouped")(h)
+    outputs = keras.layers.Dense(3, name="head")(keras.layers.Flatten(name="flat")(h))
+    model = keras.Model(inputs, outputs)
+    weights = [w.numpy() for w in model.weights]
+    times = costmodel.measure_stages(model, ["first"], 2, repeats=1, warmup=0,
+                                     device=["/CPU:0", "/CPU:1"])
+    assert len(times) == 2 and all(0 < f <= fb for f, fb in times)
+    for a, b in zip(weights, model.weights):  # the model itself was not trained
+        assert (a == b.numpy()).all()
+    with pytest.raises(ValueError, match="one per stage"):
+        costmodel.measure_stages(model, ["first"], 2, device=["/CPU:0"])

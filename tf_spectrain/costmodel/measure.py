@@ -289,7 +289,8 @@ def measure_stages(model, cuts, batch_size, repeats=5, warmup=2, seed=0, device=
         warmup: untimed calls first, an int >= 0.
         seed: seed of the random batch and upstream gradients.
         device: optional device name to run on, or a list of one per stage (each stage
-            then runs on its own device, one after the other).
+            then runs, one after the other, as a copy placed on its own device with
+            `partition.place_stages`, as the pipeline runs it).
 
     Returns:
         A list of `len(cuts) + 1` `(forward_seconds, forward_backward_seconds)` pairs.
@@ -307,6 +308,11 @@ def measure_stages(model, cuts, batch_size, repeats=5, warmup=2, seed=0, device=
             f"`device` must be one device name or a list of one per stage ({len(stages)}). "
             f"Received: device={device!r}"
         )
+    if isinstance(device, (list, tuple)):
+        # Copies whose variables live on their stage's device, as the pipeline runs them:
+        # a layer whose call is a function of its own cannot read a variable of another
+        # device (ConvNeXt's depthwise convolutions, measured).
+        stages = partition.place_stages(stages, placement)
     rng = np.random.default_rng(seed + 1)
     times = []
     with tf.device(placement[0]) if placement[0] else contextlib.nullcontext():
