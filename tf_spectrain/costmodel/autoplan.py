@@ -19,6 +19,7 @@ variables (BatchNorm statistics, random-generator states) are restored afterward
 """
 
 import dataclasses
+import gc
 import math
 import time
 import weakref
@@ -99,6 +100,9 @@ def auto_partition(
     finally:
         for v, value in zip(model.non_trainable_variables, saved):
             v.assign(value)
+        # Profiling built a sub-model per layer and placed stage copies; free them (and
+        # their traced functions) now rather than in a garbage collection during training.
+        gc.collect()
     measured = None
     if tried:
         _, plan, measured = min(tried, key=lambda t: t[0])
