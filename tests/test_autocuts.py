@@ -94,7 +94,8 @@ def forbidden(monkeypatch, *names):
 @pytest.mark.parametrize("num_devices", [2, 3, 4])
 def test_auto_partition_returns_valid_measured_cuts(cnn, num_devices):
     devices = CPUS[:num_devices]
-    plan = costmodel.auto_partition(cnn, devices, batch_size=BATCH)
+    # calibrate_above=0: calibrate this tiny model too (by default stages this short skip it).
+    plan = costmodel.auto_partition(cnn, devices, batch_size=BATCH, calibrate_above=0)
     assert plan.num_stages == num_devices
     assert_valid_cuts(cnn, plan.cuts, num_devices)
     assert list(plan.devices) == devices
@@ -102,6 +103,7 @@ def test_auto_partition_returns_valid_measured_cuts(cnn, num_devices):
     assert len(plan.measured) == num_devices
     assert all(isinstance(t, float) and t > 0 for t in plan.measured)
     assert plan.profile_seconds > 0
+    assert costmodel.auto_partition(cnn, devices, batch_size=BATCH).measured is None
     # The stages tile the model's layers in order.
     layers = [n for k in range(num_devices) for n in plan.stage_layers(k)]
     assert layers == read_graph(cnn).names
@@ -111,7 +113,7 @@ def test_planning_leaves_weights_and_batch_norm_statistics_unchanged(monkeypatch
     model = make_cnn(seed=3, dropout=True)
     before = snapshot(model)
     calls = counting(monkeypatch, "measure_stages")
-    costmodel.auto_partition(model, CPUS[:3], batch_size=BATCH, mode="sync")
+    costmodel.auto_partition(model, CPUS[:3], batch_size=BATCH, mode="sync", calibrate_above=0)
     assert calls, "the plan was calibrated by timing stages"
     assert_same(snapshot(model), before)
     # Profiling alone (training=True) moves the moving statistics: the equality above is

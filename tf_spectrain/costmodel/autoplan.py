@@ -12,7 +12,9 @@
    are timed whole (`measure.measure_stages`) on their devices, each stage's layers are
    rescaled by its measured over predicted time, and the model is planned again; this
    repeats up to `calibration_rounds` times or until the cuts stop changing. The plan with
-   the fastest measured slowest stage is kept; its measured times are in the plan.
+   the fastest measured slowest stage is kept; its measured times are in the plan. Plans
+   whose slowest stage is predicted under `calibrate_above` (5 ms) skip this: such stages
+   are timed mostly as per-call overhead and noise.
 
 Profiling runs the model in training mode on random inputs; the model's non-trainable
 variables (BatchNorm statistics, random-generator states) are restored afterwards.
@@ -43,6 +45,7 @@ def auto_partition(
     memory_limit=None,
     link_bandwidth=None,
     calibration_rounds=4,
+    calibrate_above=0.005,
 ):
     """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
 
@@ -56,6 +59,9 @@ def auto_partition(
             the first two devices when they are GPUs (`measure.measure_link`) and takes
             hand-offs between CPU devices, which share memory, as free.
         calibration_rounds: stage timings to calibrate the plan with, an int >= 0.
+        calibrate_above: calibrate only when the first plan's slowest stage is predicted
+            to take at least this many seconds per mini-batch (>= 0). Shorter stages are
+            timed mostly as per-call overhead and noise, so tiny models skip it.
 
     Returns:
         A `PartitionPlan` (its `measured` holds each stage's measured forward plus
@@ -68,6 +74,9 @@ def auto_partition(
     devices = list(devices)
     calibration_rounds = checks.check_int(
         "calibration_rounds", calibration_rounds, 0, meaning="stage timings"
+    )
+    calibrate_above = checks.check_number(
+        "calibrate_above", calibrate_above, 0.0, meaning="seconds per mini-batch"
     )
     start = time.perf_counter()
     saved = [v.numpy() for v in model.non_trainable_variables]
@@ -87,9 +96,9 @@ def auto_partition(
         )
         plan = planning.plan_partition(profiles, **settings)
         tried = []
+        if len(devices) == 1 or plan.seconds_per_batch < calibrate_above:
+            calibration_rounds = 0
         for _ in range(calibration_rounds):
-            if len(devices) == 1:
-                break
             measured = measure.measure_stages(model, plan.cuts, batch_size, device=devices)
             tried.append((_measured_pace(plan, measured), plan, measured))
             profiles = _calibrated(profiles, plan, measured)
