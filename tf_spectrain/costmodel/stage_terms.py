@@ -166,53 +166,52 @@ class StageTerms:
             A `StageEstimate`.
         """
         sums = self._sums[id(self.profiles[k])]
-        forward, backward, params, acts = sums.between(first, last)
-        is_last = last == self.last_layer
-        recompute = forward if self.recomputes(k) else 0.0
-        sent = 0.0 if is_last else self._crossing[last]
-        received = self._crossing[first - 1] if first > 0 else 0.0
-        n = self.in_flight(k)
-        inputs = received if first > 0 else sums.input_bytes
-        if self.recomputes(k):
-            activation = n * inputs + acts
-        else:
-            activation = n * (inputs + acts)
+        forward, backward = sums.times(first, last)
+        params = sums.params_between(first, last)
+        sent, received = self._handed_bytes(first, last)
         return StageEstimate(
             index=k,
             first=first,
             last=last,
             forward=forward,
             backward=backward,
-            recompute=recompute,
+            recompute=forward if self.recomputes(k) else 0.0,
             send=self.transfer(sent) + self.transfer(received),
             param_bytes=params,
             optimizer_bytes=self.optimizer_slots * params,
-            activation_bytes=activation,
+            activation_bytes=self._activation_bytes(first, last, k),
             stash_bytes=self._stashed_versions(k) * params,
             sent_bytes=sent,
         )
 
     def seconds(self, first, last, k):
         """`estimate(first, last, k).seconds`, without building the estimate."""
-        sums = self._sums[id(self.profiles[k])]
-        forward, backward = sums.times(first, last)
-        cost = forward + backward + (forward if self.recomputes(k) else 0.0)
-        if last != self.last_layer:
-            cost += self.transfer(self._crossing[last])
-        if first > 0:
-            cost += self.transfer(self._crossing[first - 1])
-        return cost
+        forward, backward = self._sums[id(self.profiles[k])].times(first, last)
+        sent, received = self._handed_bytes(first, last)
+        recompute = forward if self.recomputes(k) else 0.0
+        return forward + backward + recompute + self.transfer(sent) + self.transfer(received)
 
     def memory_bytes(self, first, last, k):
         """`estimate(first, last, k).memory_bytes`, without building the estimate."""
+        params = self._sums[id(self.profiles[k])].params_between(first, last)
+        versions = self._stashed_versions(k)
+        return params * (1 + self.optimizer_slots + versions) + self._activation_bytes(
+            first, last, k
+        )
+
+    def _handed_bytes(self, first, last):
+        """Bytes per mini-batch sent on after `last` and received before `first`."""
+        sent = 0.0 if last == self.last_layer else self._crossing[last]
+        received = self._crossing[first - 1] if first > 0 else 0.0
+        return sent, received
+
+    def _activation_bytes(self, first, last, k):
+        """What stage `k`'s mini-batches in flight keep (see the module docstring)."""
         sums = self._sums[id(self.profiles[k])]
-        params = sums.params[last + 1] - sums.params[first]
         acts = sums.acts[last + 1] - sums.acts[first]
         inputs = self._crossing[first - 1] if first > 0 else sums.input_bytes
         n = self.in_flight(k)
-        activation = n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
-        versions = self._stashed_versions(k)
-        return params * (1 + self.optimizer_slots + versions) + activation
+        return n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
 
     def _stashed_versions(self, k):
         n = self.in_flight(k)
@@ -240,15 +239,9 @@ class _PrefixSums:
         """Forward and backward seconds of layers `first..last`."""
         return self.fwd[last + 1] - self.fwd[first], self.bwd[last + 1] - self.bwd[first]
 
-    def between(self, first, last):
-        """Forward and backward seconds, weight bytes and activation bytes of `first..last`."""
-        forward, backward = self.times(first, last)
-        return (
-            forward,
-            backward,
-            self.params[last + 1] - self.params[first],
-            self.acts[last + 1] - self.acts[first],
-        )
+    def params_between(self, first, last):
+        """Weight bytes of layers `first..last`."""
+        return self.params[last + 1] - self.params[first]
 
 
 def _check_profiles(profiles, num_stages):
