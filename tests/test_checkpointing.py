@@ -45,12 +45,12 @@ def test_cli_resume_equals_uninterrupted(tmp_path, capsys, monkeypatch):
                    capsys)[0] == 0
 
     # The resumed run must train at the checkpoint's cuts, never at a fresh plan.
-    from tf_spectrain import autocuts
+    from tf_spectrain.costmodel import autoplan
 
     def no_planning(*args, **kwargs):
         raise AssertionError("--resume planned new cuts")
 
-    monkeypatch.setattr(autocuts, "plan", no_planning)
+    monkeypatch.setattr(autoplan, "auto_partition", no_planning)
     code, out = run_cli(CLI + ["--epochs", "3", "--logdir", split, "--resume"], capsys)
     assert code == 0
     assert "resuming" in out.out and "ckpt-e0002-b000000" in out.out

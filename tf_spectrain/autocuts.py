@@ -1,4 +1,4 @@
-"""`PipelineModel`'s `cuts`: check a given list, or pick the devices and plan `"auto"` cuts.
+"""`PipelineModel`'s `cuts`: check a given list, or pick the devices of `"auto"` cuts.
 
 The planning itself is `tf_spectrain.costmodel.auto_partition` (profile, plan, calibrate).
 """
@@ -77,21 +77,3 @@ def check_given_cuts(cuts, num_stages):
                 f"None). Received: num_stages={num_stages}, cuts={list(cuts)}"
             )
 
-
-def plan(
-    model, devices, batch_size, mode, spectrain_target, micro_batches, memory_limit,
-    link_bandwidth,
-):
-    """Plans the cuts of `model` on `devices` (`costmodel.auto_partition`); returns the plan."""
-    from tf_spectrain.costmodel import autoplan
-
-    return autoplan.auto_partition(
-        model,
-        devices,
-        batch_size=batch_size,
-        mode=mode,
-        spectrain_target=spectrain_target,
-        micro_batches=micro_batches,
-        memory_limit=memory_limit,
-        link_bandwidth=link_bandwidth,
-    )

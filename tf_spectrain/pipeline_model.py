@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tf_spectrain import autocuts, batching, checks, compile_utils, input_checks, modes, partition
 from tf_spectrain import devices as devices_lib
+from tf_spectrain.costmodel import autoplan
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
@@ -135,9 +136,15 @@ class PipelineModel:
                 "profile_batch_size", profile_batch_size, 1
             )
             if len(devices) > 1:
-                self.partition_plan = autocuts.plan(
-                    model, devices, profile_batch_size, mode, spectrain_target,
-                    self.micro_batches, memory_limit, link_bandwidth,
+                self.partition_plan = autoplan.auto_partition(
+                    model,
+                    devices,
+                    batch_size=profile_batch_size,
+                    mode=mode,
+                    spectrain_target=spectrain_target,
+                    micro_batches=self.micro_batches,
+                    memory_limit=memory_limit,
+                    link_bandwidth=link_bandwidth,
                 )
             cuts = [] if self.partition_plan is None else self.partition_plan.cuts
         else:
