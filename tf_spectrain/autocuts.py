@@ -76,4 +76,3 @@ def check_given_cuts(cuts, num_stages):
                 f"`num_stages` must be len(cuts) + 1 = {len(cuts) + 1} with these cuts (or "
                 f"None). Received: num_stages={num_stages}, cuts={list(cuts)}"
             )
-
