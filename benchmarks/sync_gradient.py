@@ -290,6 +290,19 @@ def relu_flips(build, x, y, position, devices):
     return int(sum(np.sum((np.asarray(got[n]) > 0) != (e > 0)) for n, e in zip(names, expected)))
 
 
+def _pipeline_step(pipe, x, y, expected, initial):
+    """One step of `pipe` on `(x, y)` with Keras' SGD: its weights and `relative_error`s."""
+    import keras
+
+    pipe.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+    )
+    pipe.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    got = [w.numpy() for w in pipe.model.trainable_weights]
+    return (got, *relative_error(got, expected, initial))
+
+
 def sweep(build, x, y, positions, devices, diagnostics=True):
     """One row per cut: the pipeline's one sync step against Keras' (see the module doc).
 
@@ -308,7 +321,6 @@ def sweep(build, x, y, positions, devices, diagnostics=True):
         against its `fit`, the same measure: how far Keras itself moves when the same
         mini-batch is only rounded differently; the same in every row of a model).
     """
-    import keras
 
     import tf_spectrain
 
@@ -320,13 +332,7 @@ def sweep(build, x, y, positions, devices, diagnostics=True):
         cut = model.layers[position].name
         specs = tf_spectrain.partition.describe_stages(model, [cut])
         pipe = tf_spectrain.PipelineModel(model, cuts=[cut], devices=devices, mode="sync")
-        pipe.compile(
-            optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-            loss=keras.losses.SparseCategoricalCrossentropy(),
-        )
-        pipe.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
-        got = [w.numpy() for w in model.trainable_weights]
-        error, off = relative_error(got, expected, initial)
+        got, error, off = _pipeline_step(pipe, x, y, expected, initial)
         rows.append(
             {
                 "position": position,
@@ -358,7 +364,6 @@ def auto_row(build, x, y, num_stages, devices):
         `relative_error`, `variables_off`, `variables`, `planning_seconds` and
         `keras_eager` (as in `sweep`).
     """
-    import keras
 
     import tf_spectrain
 
@@ -368,13 +373,7 @@ def auto_row(build, x, y, num_stages, devices):
         model, devices=devices[:num_stages], mode="sync", profile_batch_size=len(x)
     )
     specs = tf_spectrain.partition.describe_stages(model, pipe.cuts)
-    pipe.compile(
-        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-    )
-    pipe.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
-    got = [w.numpy() for w in model.trainable_weights]
-    error, off = relative_error(got, expected, initial)
+    got, error, off = _pipeline_step(pipe, x, y, expected, initial)
     return {
         "cuts": pipe.cuts,
         "crossing": [len(spec.input_shapes) for spec in specs[1:]],
