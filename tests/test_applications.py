@@ -15,8 +15,8 @@ import keras
 import numpy as np
 import pytest
 from keras import layers
+from step_helpers import momentum_sgd, rel_error
 
-import tf_spectrain
 from tf_spectrain import partition
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -76,14 +76,6 @@ def data(n=4, seed=1):
     return x, rng.integers(0, CLASSES, size=n).astype("int32")
 
 
-def rel_error(got, ref, w0):
-    """|W_got - W_ref| / |W_ref - W_0| over all weights (BatchNorm statistics included)."""
-    num = sum(float(np.sum((a - b) ** 2)) for a, b in zip(got, ref))
-    den = sum(float(np.sum((a - b) ** 2)) for a, b in zip(ref, w0))
-    assert den > 0  # the reference moved
-    return np.sqrt(num / den)
-
-
 @pytest.mark.parametrize(
     "name, planned",
     [(name, False) for name in sorted(ARCHITECTURES)]
@@ -129,12 +121,7 @@ def test_async_mode_trains(name, mode):
     x, y = data(n=12)
     w0 = model.get_weights()
     pipe = PipelineModel(model, cuts=cuts, devices=["/CPU:1", "/CPU:2", "/CPU:3"], mode=mode)
-    optimizer = (
-        tf_spectrain.SpecTrainSGD(LR, momentum=MOMENTUM)
-        if mode == "spectrain"
-        else keras.optimizers.SGD(LR, momentum=MOMENTUM)
-    )
-    pipe.compile(optimizer, LOSS)
+    pipe.compile(momentum_sgd(mode, LR, MOMENTUM), LOSS)
     history = pipe.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     moved = [float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), w0)]

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import pytest
 from keras import layers
+from step_helpers import momentum_sgd, rel_error
 
-import tf_spectrain
 from tf_spectrain import costmodel, partition
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.pipeline_model import PipelineModel
@@ -353,14 +353,6 @@ def test_profile_model_measures_the_nested_layers():
     assert trainable[0] == 3 * 3 * 2 * 4 + 4  # b_conv1
 
 
-def rel_error(got, ref, w0):
-    """|W_got - W_ref| / |W_ref - W_0| over all weights (BatchNorm statistics included)."""
-    num = sum(float(np.sum((a - b) ** 2)) for a, b in zip(got, ref))
-    den = sum(float(np.sum((a - b) ** 2)) for a, b in zip(ref, w0))
-    assert den > 0  # the reference moved
-    return np.sqrt(num / den)
-
-
 def sync_vs_keras(model, x, y, cuts):
     """One `sync` step of the pipeline and one Keras `fit` step from the same weights."""
     reference = keras.models.clone_model(model)
@@ -433,12 +425,7 @@ def test_async_modes_train_a_nested_model(mode):
     x, y = data((8, 8, 2), n=32)
     w0 = model.get_weights()
     pipe = PipelineModel(model, cuts=["b_bn", "post"], mode=mode)
-    optimizer = (
-        tf_spectrain.SpecTrainSGD(LR, momentum=MOMENTUM)
-        if mode == "spectrain"
-        else keras.optimizers.SGD(LR, momentum=MOMENTUM)
-    )
-    pipe.compile(optimizer, LOSS)
+    pipe.compile(momentum_sgd(mode, LR, MOMENTUM), LOSS)
     history = pipe.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     moved = [float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), w0)]
