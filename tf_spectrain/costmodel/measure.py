@@ -61,6 +61,15 @@ def _bytes_per_example(tensors):
     return sum(int(np.prod(t.shape[1:])) * tf.as_dtype(t.dtype).size for t in tensors)
 
 
+def _check_timing(batch_size, repeats, warmup):
+    """Checks the timing arguments of `profile_model` and `measure_stages`."""
+    return (
+        checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch"),
+        checks.check_int("repeats", repeats, 1, meaning="timed calls per function"),
+        checks.check_int("warmup", warmup, 0, meaning="untimed calls first"),
+    )
+
+
 def _layer_functions(stage):
     """A forward and a forward-plus-backward `tf.function` for one one-layer stage."""
 
@@ -115,9 +124,7 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
         TypeError, ValueError: for invalid arguments, or a model that
             `tf_spectrain.partition` cannot split (e.g. shared layers).
     """
-    batch_size = checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch")
-    repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per function")
-    warmup = checks.check_int("warmup", warmup, 0, meaning="untimed calls first")
+    batch_size, repeats, warmup = _check_timing(batch_size, repeats, warmup)
     graph = read_graph(model)
     names = graph.names
     stages = partition.split_model(model, names[:-1])
@@ -298,9 +305,7 @@ def measure_stages(model, cuts, batch_size, repeats=5, warmup=2, seed=0, device=
     Raises:
         TypeError, ValueError: for invalid arguments or cuts.
     """
-    batch_size = checks.check_int("batch_size", batch_size, 1, meaning="examples per timed batch")
-    repeats = checks.check_int("repeats", repeats, 1, meaning="timed calls per function")
-    warmup = checks.check_int("warmup", warmup, 0, meaning="untimed calls first")
+    batch_size, repeats, warmup = _check_timing(batch_size, repeats, warmup)
     stages = partition.split_model(model, cuts)
     placement = list(device) if isinstance(device, (list, tuple)) else [device] * len(stages)
     if len(placement) != len(stages):
