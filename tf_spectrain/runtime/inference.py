@@ -1,7 +1,8 @@
 """Inference through a pipeline's stages: the outputs for `predict`, the logs of `evaluate`.
 
-The stages run one after another in the caller's thread, in inference mode
-(`training=False`), with the weights the stages hold.
+The stages run in inference mode (`training=False`) with the weights they hold, as a
+forward-only pipeline (`runtime.forward_pipeline`): several batches in flight, every stage
+busy on its own device, results consumed in order in the caller's thread.
 """
 
 import keras
@@ -9,13 +10,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import batching, input_checks
-from tf_spectrain.runtime import iterators
+from tf_spectrain.runtime import forward_pipeline, iterators
 from tf_spectrain.runtime.bookkeeping import metric_logs
-from tf_spectrain.runtime.graphs import as_list, one_or_list
+from tf_spectrain.runtime.graphs import as_list, graph_function, one_or_list
 
 
 def infer(runners, x):
-    """Chains the stages in inference mode.
+    """Chains the stages in inference mode, in the caller's thread.
 
     Args:
         runners: the stages' `StageRunner`s, in order.
@@ -32,9 +33,55 @@ def infer(runners, x):
     return one_or_list(h), penalty
 
 
-def evaluate_logs(runners, model, loss, metrics, data, batch_size, names=None):
+class _EvalState:
+    """The loss tracker and fresh metric copies of one `evaluate`, updated in a graph."""
+
+    def __init__(self, loss, metrics, device):
+        self.loss = loss
+        self.device = device
+        with tf.device(device):
+            self.tracker = keras.metrics.Mean(name="loss")
+            self.metrics = [m.__class__.from_config(m.get_config()) for m in metrics]
+        self.update = graph_function(self._update)
+
+    def _update(self, labels, outputs, penalties):
+        with tf.device(self.device):
+            predictions = one_or_list(outputs)
+            total = self.loss(labels, predictions) + tf.add_n(penalties)
+            size = tf.shape(tf.nest.flatten(labels)[0])[0]
+            self.tracker.update_state(total, sample_weight=size)
+            for m in self.metrics:
+                m.update_state(labels, predictions)
+
+    def consume(self, result):
+        """Adds one batch's loss and metrics (a `forward_pipeline.ForwardResult`)."""
+        self.update(result.extra, result.outputs, result.penalties)
+
+    def logs(self):
+        """The loss and metrics so far, as floats."""
+        return metric_logs(self.tracker, self.metrics)
+
+
+def _labelled(element):
+    """`(x, y)` -> the inputs (a list) and the labels."""
+    x, y = element
+    return as_list(x), y
+
+
+def _run(runners, ds, split, consume, pipelined):
+    """Runs `ds` through the stages, as a pipeline or one stage after another."""
+    if pipelined and len(runners) > 1:
+        return forward_pipeline.run_forward(runners, ds, split, consume)
+    return forward_pipeline.run_in_order(runners, ds, split, consume)
+
+
+def evaluate_logs(
+    runners, model, loss, metrics, data, batch_size, names=None, pipelined=True
+):
     """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of `(x, y)` batches.
 
+    The batches flow through the stages as a forward-only pipeline (see
+    `forward_pipeline.run_forward`): every stage computes at once, on its own device.
     Fresh copies of `metrics` are used, so the training metrics are left alone. The loss
     includes the stages' layer losses, as in training.
 
@@ -46,24 +93,22 @@ def evaluate_logs(runners, model, loss, metrics, data, batch_size, names=None):
         data: `(x, y)` as a tuple or list, or a `tf.data.Dataset` of `(x, y)` batches.
         batch_size: for arrays; None for the default of 32.
         names: how error messages call `x` and `y`; None: as parts of `validation_data`.
+        pipelined: False runs the stages one after another in this thread instead (the
+            same results; for comparisons).
 
     Returns:
         A dict `{"loss": ..., <metric>: ...}` of floats.
 
     Raises:
         ValueError, TypeError: for a bad `data` or `batch_size` (see `batching.dataset`).
+        Exception: whatever a stage raised, with a note naming the stage and the batch.
     """
     x, y = input_checks.unpack_validation_data(data)
     names = input_checks.validation_names(y) if names is None else names
     ds = batching.dataset(model, loss, x, y, batch_size, shuffle=False, names=names)
-    tracker = keras.metrics.Mean(name="loss")
-    metrics = [m.__class__.from_config(m.get_config()) for m in metrics]
-    for xb, yb in iterators.iterate(ds):
-        logits, penalty = infer(runners, xb)
-        tracker.update_state(loss(yb, logits) + penalty, sample_weight=tf.shape(yb)[0])
-        for m in metrics:
-            m.update_state(yb, logits)
-    return metric_logs(tracker, metrics)
+    state = _EvalState(loss, metrics, runners[-1].device)
+    _run(runners, ds, _labelled, state.consume, pipelined)
+    return state.logs()
 
 
 def predict_dataset(model, x, batch_size):
@@ -94,25 +139,43 @@ def predict_dataset(model, x, batch_size):
     return ds, is_dataset
 
 
-def collect_outputs(runners, ds, is_dataset):
-    """Runs `ds` through the stages in inference mode.
+def _predict_inputs(is_dataset):
+    """The `split` of `predict`: a batch's inputs; `(x, y[, w])` batches give their `x`."""
+
+    def split(element):
+        if is_dataset and isinstance(element, tuple) and len(element) in (2, 3):
+            element = element[0]  # (x, y) or (x, y, sample_weight), as in Keras
+        return as_list(element), None
+
+    return split
+
+
+def collect_outputs(runners, ds, is_dataset, pipelined=True):
+    """Runs `ds` through the stages in inference mode, as a forward-only pipeline.
+
+    Each batch's outputs are read back once, in the caller's thread, while the stages
+    work on the next batches.
 
     Args:
         runners: the stages' `StageRunner`s, in order.
         ds: the batches, from `predict_dataset`.
         is_dataset: whether `x` was a dataset (then `(x, y[, w])` batches give their `x`).
+        pipelined: False runs the stages one after another in this thread instead.
 
     Returns:
-        The outputs of all batches, concatenated into one NumPy array.
+        The outputs of all batches concatenated along the batch axis: one NumPy array for
+        a model with one output, else a list of one array per output.
 
     Raises:
         ValueError: if `ds` yields no batch.
     """
     outputs = []
-    for xb in iterators.iterate(ds):
-        if is_dataset and isinstance(xb, tuple) and len(xb) in (2, 3):
-            xb = xb[0]  # (x, y) or (x, y, sample_weight), as in Keras
-        outputs.append(np.asarray(infer(runners, xb)[0]))
+
+    def keep(result):
+        outputs.append([np.asarray(t) for t in result.outputs])
+
+    _run(runners, ds, _predict_inputs(is_dataset), keep, pipelined)
     if not outputs:
         raise ValueError("`x` is empty: the dataset yielded no batch.")
-    return np.concatenate(outputs, axis=0)
+    joined = [np.concatenate(parts, axis=0) for parts in zip(*outputs)]
+    return one_or_list(joined)
