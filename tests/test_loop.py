@@ -6,7 +6,7 @@ import pytest
 
 from tf_spectrain import modes, schedule
 from tf_spectrain.pipeline_model import PipelineModel
-from tf_spectrain.runtime.loop import keep_rules, sync_learning_rates
+from tf_spectrain.runtime.loop import keep_rules, learning_rate_reader
 from tf_spectrain.runtime.state import op_lists
 
 
@@ -47,23 +47,16 @@ def test_keep_rules_keep_the_tape_exactly_when_the_backward_uses_the_forwards_we
         assert not all(rules[0]((i, 0)) for i in range(6))
 
 
-def test_sync_learning_rates_copy_the_last_stages_rate():
-    optimizers = [keras.optimizers.SGD(0.1) for _ in range(3)]
-    optimizers[-1].learning_rate = 0.025
-    sync_learning_rates(optimizers)
-    assert [float(o.learning_rate) for o in optimizers] == pytest.approx([0.025] * 3)
+def test_learning_rate_reader_reads_the_current_rate():
+    optimizer = keras.optimizers.SGD(0.1)
+    read = learning_rate_reader(optimizer)
+    optimizer.learning_rate = 0.025
+    assert read() == pytest.approx(0.025)
 
 
-def test_sync_learning_rates_leave_schedules_alone():
-    def schedule_():
-        return keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
-
-    optimizers = [keras.optimizers.SGD(schedule_()) for _ in range(2)]
-    optimizers[0].iterations.assign(3)
-    before = float(optimizers[0].learning_rate)
-    sync_learning_rates(optimizers)
-    assert float(optimizers[0].learning_rate) == pytest.approx(before)
-    assert before == pytest.approx(0.1 * 0.5**3)
+def test_learning_rate_reader_leaves_schedules_to_the_stages():
+    schedule_ = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    assert learning_rate_reader(keras.optimizers.SGD(schedule_))() is None
 
 
 def test_request_stop_from_a_batch_callback_ends_the_epoch_after_the_drain():

@@ -172,6 +172,7 @@ class PipelineModel:
         ]
         self.runners = None
         self.optimizer = None
+        self._evaluator = None
 
     def use_cuts(self, cuts):
         """Re-cuts a pipeline whose cuts were planned (`cuts="auto"`), before training.
@@ -236,6 +237,7 @@ class PipelineModel:
         self.optimizer = optimizer
         self._compiled_with = (optimizer, loss, metrics)
         self.runners = build_runners(self.stages, self.devices, self.plans, optimizer, self.loss)
+        self._evaluator = None  # made at the first evaluate, for these runners and metrics
         # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
         # logs the learning rate) see the last stage's, whose iterations advance.
         self.model.optimizer = self.runners[-1].optimizer
@@ -379,9 +381,10 @@ class PipelineModel:
 
     def _evaluate_logs(self, data, batch_size, names=None):
         """Loss and metrics on `data` through the stages (see `runtime.inference`)."""
-        return inference.evaluate_logs(
-            self.runners, self.model, self.loss, self.metrics, data, batch_size, names
-        )
+        if self._evaluator is None:
+            self._evaluator = inference.Evaluator(self.runners, self.model, self.loss,
+                                                  self.metrics)
+        return self._evaluator(data, batch_size, names)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False):
         """Loss and metrics on the data (inference mode), as `keras.Model.evaluate`.

@@ -9,7 +9,7 @@ import threading
 import tensorflow as tf
 
 from tf_spectrain import schedule
-from tf_spectrain.runtime.handoff import Channel, FailureBox, PipelineAborted
+from tf_spectrain.runtime.handoff import Board, Channel, FailureBox, PipelineAborted
 
 STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
 
@@ -46,6 +46,11 @@ def split_batch(x, parts):
     return out
 
 
+def _first(pair):
+    """The first item of a pair (a sort key)."""
+    return pair[0]
+
+
 class EpochRun:
     """The shared state of one epoch: channels, the failure box, the data feed.
 
@@ -68,9 +73,18 @@ class EpochRun:
         keep: for each stage, a function `(i, j) -> bool` saying whether the forward keeps its
             activations for the backward (see `StageRunner.forward`).
         label: names the epoch in error notes, e.g. "epoch 3".
+        clip_globally: every stage clips its update by the global gradient norm over all
+            stages (sync mode's `global_clipnorm`): each update waits for every stage's
+            squared norm of the same mini-batch.
+
+    Mini-batch i's update on every stage uses the learning rate the caller's `on_begin(i)`
+    returned (see `run`), so a callback that changes it at a batch's begin reaches every
+    stage before that batch's updates, as in `keras.Model.fit`.
     """
 
-    def __init__(self, runners, op_lists, batches, micro_batches, keep, label=None):
+    def __init__(
+        self, runners, op_lists, batches, micro_batches, keep, label=None, clip_globally=False
+    ):
         self.runners = runners
         self.op_lists = op_lists
         self.batches = batches
@@ -89,6 +103,13 @@ class EpochRun:
         self._stop = threading.Event()
         self._losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
         self.fed = None  # set to the number of mini-batches fed when stopped early
+        self.rates = None  # a Board of each mini-batch's learning rate, when `run` has on_begin
+        self.norms = Board(abort, n, n, "gradient norms") if clip_globally else None
+        # Whether mini-batch i is fed and whether its on_begin runs are decided together
+        # under this lock, so that after a stop every fed batch, and only those, is begun.
+        self._gate = threading.Lock()
+        self._begun = -1  # the last mini-batch whose on_begin has run
+        self._fed_upto = 0  # the last mini-batch stage 0 has fed (batch 0 always is)
 
     def request_stop(self):
         """Feeds no further mini-batch; the epoch ends once those in flight are done.
@@ -166,7 +187,7 @@ class EpochRun:
         key = (op.batch, op.micro)
         if op.kind == schedule.FORWARD:
             if k == 0:
-                if op.micro == 0 and op.batch > 0 and self._stop.is_set():
+                if op.micro == 0 and op.batch > 0 and not self._feeds(op.batch):
                     self._stop_here(k, op.batch)
                     return op.batch
                 x, y, share = self._next_input(op.batch, op.micro)
@@ -190,10 +211,31 @@ class EpochRun:
             if k > 0:
                 self.gradients[k - 1].put(grads_in)
         else:
-            runner.update()
+            rate = None if self.rates is None else self.rates.wait(op.batch)[0]
+            squares = None
+            if self.norms is not None:
+                self.norms.post(op.batch, (k, runner.pending_square_norm()))
+                squares = [x for _, x in sorted(self.norms.wait(op.batch), key=_first)]
+            runner.update(learning_rate=rate, squares=squares)
             if last:
                 self.results.put((op.batch, losses.pop(op.batch)))
         return None
+
+    def _feeds(self, i):
+        """Stage 0: whether to feed mini-batch i > 0 (no, once stopped, unless it was begun)."""
+        with self._gate:
+            if self._stop.is_set() and i > self._begun:
+                return False
+            self._fed_upto = i
+            return True
+
+    def _begin(self, i, on_begin):
+        """Caller: runs `on_begin(i)` and posts its learning rate, if batch i is to be fed."""
+        with self._gate:
+            if self._stop.is_set() and i > self._fed_upto:
+                return
+            self._begun = i
+        self.rates.post(i, on_begin(i))
 
     def _thread_main(self, k):
         try:
@@ -203,8 +245,13 @@ class EpochRun:
 
     # --- caller -------------------------------------------------------------------------
 
-    def run(self, on_batch):
+    def run(self, on_batch, on_begin=None):
         """Runs the epoch; calls `on_batch(i, parts)` in this thread as results arrive.
+
+        `on_begin(i)` (if given) runs in this thread before mini-batch i's updates: for
+        batch 0 before the stages start, for batch i + 1 right after `on_batch(i)`, and
+        only for batches that are fed. It returns the learning rate for mini-batch i's
+        updates on every stage (a float), or None to leave each stage's optimizer as it is.
 
         Any exception in any thread (or in `on_batch`) aborts the whole pipeline at once:
         blocked hand-offs wake up and stop, and the stages forget their in-flight state.
@@ -224,14 +271,24 @@ class EpochRun:
             threading.Thread(target=self._thread_main, args=(k,), name=f"stage-{k}", daemon=True)
             for k in range(len(self.runners))
         ]
+        if on_begin is not None:
+            self.rates = Board(self.failure.abort, 1, len(self.runners), "learning rates")
+        try:
+            if on_begin is not None:
+                self._begin(0, on_begin)
+        except BaseException as error:
+            self.failure.record(error, "the training loop (callbacks)")
+            self.failure.raise_if_failed()
         for t in threads:
             t.start()
         try:
-            for _ in range(self.num_batches):
+            for i in range(self.num_batches):
                 result = self.results.get()
                 if isinstance(result, str) and result == STOP:
                     break
                 on_batch(*result)
+                if on_begin is not None and i + 1 < self.num_batches:
+                    self._begin(i + 1, on_begin)
         except BaseException as error:  # anything: the caller re-raises it
             self.failure.record(error, "the training loop (callbacks)")
         finally:

@@ -93,3 +93,55 @@ class FailureBox:
             raise error.with_traceback(error.__traceback__)
         if self.abort.is_set():
             raise PipelineAborted("the pipeline was aborted")
+
+
+class Board:
+    """Values posted under a key, waited for by a known number of readers.
+
+    `wait(key)` blocks until `posts` values have been posted under `key` and returns
+    them in posting order; once `readers` threads have read them the key is forgotten.
+    Used for what every stage must see before an update: the learning rate a callback
+    set for a mini-batch (one post, every stage reads it) and, for `global_clipnorm`,
+    every stage's squared gradient norm (one post per stage, every stage reads all).
+
+    Args:
+        abort: the pipeline's shared `threading.Event`; once set, `wait` raises.
+        posts: values per key.
+        readers: reads per key before it is forgotten.
+        name: for messages.
+    """
+
+    def __init__(self, abort, posts, readers, name="board"):
+        self._abort = abort
+        self._posts = posts
+        self._readers = readers
+        self._values = {}  # key -> list of posted values
+        self._reads = {}  # key -> reads so far
+        self._changed = threading.Condition()
+        self.name = name
+
+    def post(self, key, value):
+        """Adds `value` under `key`."""
+        with self._changed:
+            self._values.setdefault(key, []).append(value)
+            self._changed.notify_all()
+
+    def wait(self, key):
+        """The values posted under `key`, once all of them are in.
+
+        Returns:
+            A list of `posts` values, in posting order.
+
+        Raises:
+            PipelineAborted: once the pipeline's `abort` event is set.
+        """
+        with self._changed:
+            while len(self._values.get(key, ())) < self._posts:
+                if self._abort.is_set():
+                    raise PipelineAborted(f"pipeline aborted while waiting on {self.name}")
+                self._changed.wait(_POLL_SECONDS)
+            values = self._values[key]
+            self._reads[key] = self._reads.get(key, 0) + 1
+            if self._reads[key] == self._readers:
+                del self._values[key], self._reads[key]
+            return list(values)

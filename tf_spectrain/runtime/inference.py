@@ -33,18 +33,32 @@ def infer(runners, x):
     return one_or_list(h), penalty
 
 
-class _EvalState:
-    """The loss tracker and fresh metric copies of one `evaluate`, updated in a graph."""
+class Evaluator:
+    """Computes a pipeline's loss and metrics on data, as a forward-only pipeline.
 
-    def __init__(self, loss, metrics, device):
+    Made once per `compile`: its loss tracker and metric copies (on the last stage's
+    device) are reset at every call, and its per-batch update is one graph function,
+    traced once per batch shape, so `evaluate` and every epoch's validation reuse it.
+
+    Args:
+        runners: the stages' `StageRunner`s, in order.
+        model: the wrapped Keras model (to check the data).
+        loss: the compiled loss.
+        metrics: the compiled metrics; fresh copies are made from their configs, so the
+            training metrics are left alone.
+    """
+
+    def __init__(self, runners, model, loss, metrics):
+        self.runners = runners
+        self.model = model
         self.loss = loss
-        self.device = device
-        with tf.device(device):
+        self.device = runners[-1].device
+        with tf.device(self.device):
             self.tracker = keras.metrics.Mean(name="loss")
             self.metrics = [m.__class__.from_config(m.get_config()) for m in metrics]
-        self.update = graph_function(self._update)
+        self._update = graph_function(self._update_state)
 
-    def _update(self, labels, outputs, penalties):
+    def _update_state(self, labels, outputs, penalties):
         with tf.device(self.device):
             predictions = one_or_list(outputs)
             total = self.loss(labels, predictions) + tf.add_n(penalties)
@@ -53,12 +67,38 @@ class _EvalState:
             for m in self.metrics:
                 m.update_state(labels, predictions)
 
-    def consume(self, result):
-        """Adds one batch's loss and metrics (a `forward_pipeline.ForwardResult`)."""
-        self.update(result.extra, result.outputs, result.penalties)
+    def _consume(self, result):
+        self._update(result.extra, result.outputs, result.penalties)
 
-    def logs(self):
-        """The loss and metrics so far, as floats."""
+    def __call__(self, data, batch_size, names=None, pipelined=True):
+        """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of batches.
+
+        The loss includes the stages' layer losses, as in training.
+
+        Args:
+            data: `(x, y)` as a tuple or list, or a `tf.data.Dataset` of `(x, y)` batches.
+            batch_size: for arrays; None for the default of 32.
+            names: how error messages call `x` and `y`; None: as parts of
+                `validation_data`.
+            pipelined: False runs the stages one after another in this thread instead
+                (the same results; for comparisons).
+
+        Returns:
+            A dict `{"loss": ..., <metric>: ...}` of floats.
+
+        Raises:
+            ValueError, TypeError: for a bad `data` or `batch_size` (see
+                `batching.dataset`).
+            Exception: whatever a stage raised, with a note naming the stage and batch.
+        """
+        x, y = input_checks.unpack_validation_data(data)
+        names = input_checks.validation_names(y) if names is None else names
+        ds = batching.dataset(self.model, self.loss, x, y, batch_size, shuffle=False,
+                              names=names)
+        self.tracker.reset_state()
+        for m in self.metrics:
+            m.reset_state()
+        _run(self.runners, ds, _labelled, self._consume, pipelined)
         return metric_logs(self.tracker, self.metrics)
 
 
@@ -78,37 +118,11 @@ def _run(runners, ds, split, consume, pipelined):
 def evaluate_logs(
     runners, model, loss, metrics, data, batch_size, names=None, pipelined=True
 ):
-    """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of `(x, y)` batches.
+    """`Evaluator(runners, model, loss, metrics)(data, batch_size, names, pipelined)`.
 
-    The batches flow through the stages as a forward-only pipeline (see
-    `forward_pipeline.run_forward`): every stage computes at once, on its own device.
-    Fresh copies of `metrics` are used, so the training metrics are left alone. The loss
-    includes the stages' layer losses, as in training.
-
-    Args:
-        runners: the stages' `StageRunner`s, in order.
-        model: the wrapped Keras model (to check the data).
-        loss: the compiled loss.
-        metrics: the compiled metrics (copied from their config).
-        data: `(x, y)` as a tuple or list, or a `tf.data.Dataset` of `(x, y)` batches.
-        batch_size: for arrays; None for the default of 32.
-        names: how error messages call `x` and `y`; None: as parts of `validation_data`.
-        pipelined: False runs the stages one after another in this thread instead (the
-            same results; for comparisons).
-
-    Returns:
-        A dict `{"loss": ..., <metric>: ...}` of floats.
-
-    Raises:
-        ValueError, TypeError: for a bad `data` or `batch_size` (see `batching.dataset`).
-        Exception: whatever a stage raised, with a note naming the stage and the batch.
+    A fresh `Evaluator` (and trace) per call: callers that evaluate often keep one.
     """
-    x, y = input_checks.unpack_validation_data(data)
-    names = input_checks.validation_names(y) if names is None else names
-    ds = batching.dataset(model, loss, x, y, batch_size, shuffle=False, names=names)
-    state = _EvalState(loss, metrics, runners[-1].device)
-    _run(runners, ds, _labelled, state.consume, pipelined)
-    return state.logs()
+    return Evaluator(runners, model, loss, metrics)(data, batch_size, names, pipelined)
 
 
 def predict_dataset(model, x, batch_size):

@@ -37,24 +37,25 @@ def keep_rules(plans, lists):
     return rules
 
 
-def sync_learning_rates(optimizers):
-    """Gives every stage the learning rate that callbacks set on the last stage's optimizer.
+def learning_rate_reader(optimizer):
+    """How to read the learning rate that callbacks set, once per mini-batch.
 
-    Callbacks such as LearningRateScheduler or ReduceLROnPlateau change the learning rate
-    of `model.optimizer` (the last stage's); the other stages follow at epoch starts.
-    Schedules need nothing: each stage has its own copy.
+    Callbacks (LearningRateScheduler, ReduceLROnPlateau, a warm-up that sets it on batch
+    begin) change the learning rate of `model.optimizer`, the last stage's; every stage's
+    update of mini-batch i then uses the value read after `on_train_batch_begin(i)`. A
+    `LearningRateSchedule` needs nothing: each stage has its own copy, stepped by its
+    own update count.
 
     Args:
-        optimizers: the stages' optimizers, the last stage's last; those of the other
-            stages are changed in place.
+        optimizer: the last stage's optimizer (`model.optimizer`).
+
+    Returns:
+        A function of no arguments returning the learning rate as a float, or None for a
+        schedule (or a callable), which is left to each stage.
     """
-    source = optimizers[-1]
-    if isinstance(source.get_config()["learning_rate"], dict):
-        return  # a LearningRateSchedule (or a callable), serialised as a dict
-    value = float(source.learning_rate)
-    for optimizer in optimizers[:-1]:
-        if float(optimizer.learning_rate) != value:
-            optimizer.learning_rate = value
+    if isinstance(optimizer.get_config()["learning_rate"], dict):
+        return lambda: None  # a LearningRateSchedule (or a callable), serialised as a dict
+    return lambda: float(optimizer.learning_rate)
 
 
 class FitLoop:
@@ -107,7 +108,6 @@ class FitLoop:
         for epoch in range(initial_epoch, epochs):
             self.logs.reset()
             callbacks.on_epoch_begin(epoch)
-            sync_learning_rates(pipe.stage_optimizers)
             if epoch > initial_epoch:
                 pipe.copy_weights_to_stages()  # callbacks may have set the model's weights
             self._run_epoch(epoch, next_batches(epoch))
@@ -132,14 +132,20 @@ class FitLoop:
             pipe.micro_batches,
             keep_rules(pipe.plans, lists),
             label=f"epoch {epoch}",
+            clip_globally=any(r.global_clipnorm for r in pipe.runners),
         )
         for runner in pipe.runners:
             runner.timeline.clear()
             runner.events.clear()
         progress.epoch_progress = (epoch, 0, n)
 
-        def on_batch(i, parts):
+        read_rate = learning_rate_reader(pipe.runners[-1].optimizer)
+
+        def on_begin(i):
             self.callbacks.on_train_batch_begin(i)
+            return read_rate()
+
+        def on_batch(i, parts):
             self.logs.record(epoch, i, parts, self.on_nan)
             progress.epoch_progress = (epoch, i + 1, n)
             self.callbacks.on_train_batch_end(i, self.logs.result())
@@ -151,7 +157,7 @@ class FitLoop:
         try:
             if pipe.model.stop_training:
                 run.request_stop()  # stopped from outside before this epoch began
-            run.run(on_batch)
+            run.run(on_batch, on_begin)
         except BaseException:
             for runner in pipe.runners:
                 runner.probe = None  # measurements belong to this fit's callbacks

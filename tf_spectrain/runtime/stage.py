@@ -22,6 +22,21 @@ def _with_penalty(grads_out):
     return list(grads_out) + [tf.ones((), tf.float32)]
 
 
+def _square_norm(grads):
+    """The sum of the squares of every element of `grads`, as a float32 scalar."""
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads])
+
+
+def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
+    """Scales `grads` as Keras' `clip_by_global_norm` does, from all stages' squared norms."""
+    norm = tf.sqrt(tf.add_n([tf.cast(x, tf.float32) for x in squares]))
+    if loss_scale_factor is not None:  # Keras clips the unscaled gradients
+        norm = norm / loss_scale_factor
+    scale = clipnorm * tf.minimum(1.0 / norm, 1.0 / clipnorm)
+    scale = scale + (norm - norm)  # NaN when the norm is not finite, as in Keras
+    return [g * tf.cast(scale, g.dtype) for g in grads]
+
+
 @dataclasses.dataclass
 class _InFlight:
     """What stage k keeps of one mini-batch between its forward and its backward."""
@@ -80,17 +95,21 @@ class StageRunner:
         self._inflight = {}
         self._pending = None
         self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
-        self.updates = 0
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
         self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
         self.skip_non_finite = False
-        self.skipped = 0
+        self.global_clipnorm = None  # set by `clip_globally`
+        self._attempts = 0  # updates asked for (applied or skipped)
+        with tf.device(device):
+            self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
+        self._learning_rate = None  # the last value `update` set
         self.probe = None
         self._forward_fn = graph_function(self._forward)
         self._vjp_fn = graph_function(self._recompute_vjp)
         self._apply_fn = graph_function(self._apply)
         self._infer_fn = graph_function(self._infer)
         self._finite_fn = graph_function(all_finite)
+        self._square_fn = graph_function(_square_norm)
 
     # --- graph functions ----------------------------------------------------------------
 
@@ -148,11 +167,24 @@ class StageRunner:
             )
             return grads[: len(weights)], grads[len(weights) :]
 
-    def _apply(self, grads):
-        if not self.trainable:
-            return  # a stage without weights (e.g. only padding or rescaling) has no update
+    def _apply(self, grads, squares, skip):
+        """Clips by the global norm (given `squares`), then applies, or skips if not finite."""
         with tf.device(self.device):
-            self.optimizer.apply_gradients(zip(grads, self.trainable))
+            if squares:
+                grads = _clip_globally(grads, squares, self.global_clipnorm,
+                                       self.optimizer.loss_scale_factor)
+            if not skip:
+                self.optimizer.apply_gradients(zip(grads, self.trainable))
+                return tf.constant(True)
+            finite = all_finite(grads)
+
+            def apply():
+                self.optimizer.apply_gradients(zip(grads, self.trainable))
+                return tf.constant(True)
+
+            done = tf.cond(finite, apply, lambda: tf.constant(False))
+            self._skipped.assign_add(tf.cast(tf.logical_not(done), tf.int64))
+            return done
 
     def _infer(self, inputs):
         with tf.device(self.device):
@@ -262,11 +294,17 @@ class StageRunner:
         else:
             self._pending = [a + g for a, g in zip(self._pending, grads)]
 
-    def update(self):
+    def update(self, learning_rate=None, squares=None):
         """Applies the pending gradient with the optimizer (one update of the stage).
 
-        With `skip_non_finite`, a gradient that is not all finite is dropped instead (and
-        counted in `skipped`).
+        Nothing is read back to the host: with `skip_non_finite`, the update's own graph
+        checks the gradient and skips (and counts in `skipped`) one that is not finite.
+
+        Args:
+            learning_rate: the learning rate of this update (a float), or None to keep the
+                optimizer's (a schedule, or a value no callback changed).
+            squares: with `clip_globally`, every stage's squared gradient norm of this
+                mini-batch (scalar tensors, from `pending_square_norm`); else None.
 
         Raises:
             RuntimeError: if no backward ran since the last update.
@@ -275,14 +313,52 @@ class StageRunner:
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: update without a backward before it")
         pending, self._pending = self._pending, None
-        if self.skip_non_finite and not bool(self._finite_fn(pending)):
-            self.skipped += 1
-            return
-        self._apply_fn(pending)
-        self.updates += 1
+        if learning_rate is not None and learning_rate != self._learning_rate:
+            self.optimizer.learning_rate = learning_rate
+            self._learning_rate = learning_rate
+        self._attempts += 1
+        if self.trainable:  # a stage without weights (e.g. only padding) has no update
+            self._apply_fn(pending, list(squares or []), self.skip_non_finite)
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
+
+    def clip_globally(self, clipnorm):
+        """Clips this stage's updates by the global norm over all stages (sync mode).
+
+        The stage's optimizer stops clipping on its own; `update` then takes every stage's
+        squared norm and scales the gradient as `keras.optimizers` does for
+        `global_clipnorm` over the whole model.
+
+        Args:
+            clipnorm: the global norm to clip to, a positive float.
+        """
+        self.global_clipnorm = float(clipnorm)
+        self.optimizer.global_clipnorm = None
+
+    def pending_square_norm(self):
+        """The squared L2 norm of the pending gradient, a scalar tensor on the stage's device.
+
+        Returns:
+            A float32 scalar tensor (0 for a stage without weights).
+
+        Raises:
+            RuntimeError: if no backward ran since the last update.
+        """
+        if self._pending is None:
+            raise RuntimeError(f"stage {self.k}: no pending gradient")
+        with tf.device(self.device):
+            return self._square_fn(self._pending) if self._pending else tf.zeros(())
+
+    @property
+    def skipped(self):
+        """Updates left out because their gradient was not finite (reads the device)."""
+        return int(self._skipped.numpy())
+
+    @property
+    def updates(self):
+        """Updates applied so far (reads the device when `skip_non_finite` is on)."""
+        return self._attempts - (self.skipped if self.skip_non_finite else 0)
 
     def infer(self, inputs):
         """Inference forward (training=False) at the current weights.
