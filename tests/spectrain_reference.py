@@ -173,8 +173,17 @@ class _Stage:
         """Returns `cur + gap * m` as new arrays (copies of `cur` when gap is 0)."""
         return [w + gap * m for w, m in zip(self.weights, self.momentum)]
 
-    def apply(self, grads, lr, momentum, weight_decay):
-        """Applies one Keras SGD step to the current weights."""
+    def apply(self, grads, lr, momentum, weight_decay, clip=None, scale=1.0):
+        """Applies one Keras SGD step to the current weights.
+
+        `clip` is `("clipnorm", c)` or `("clipvalue", c)` (per variable, as Keras clips);
+        `scale` multiplies every gradient first (the global-norm clip's factor).
+        """
+        grads = [g * scale for g in grads]
+        if clip is not None and clip[0] == "clipnorm":
+            grads = [g * clip[1] / max(np.sqrt(np.sum(g * g)), clip[1]) for g in grads]
+        elif clip is not None and clip[0] == "clipvalue":
+            grads = [np.clip(g, -clip[1], clip[1]) for g in grads]
         for w, m, g in zip(self.weights, self.momentum, grads):
             if weight_decay is not None:
                 w -= w * weight_decay * lr
@@ -257,8 +266,14 @@ def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
         del stashed[k][i]
         if k > 0:
             grads_in[k - 1][i] = d_x
-        stage.apply(grads, opts["lr"], opts["momentum"], opts["weight_decay"])
+        stage.apply(grads, _rate(opts, epoch * num_batches + i), opts["momentum"],
+                    opts["weight_decay"], opts["clip"])
     return losses
+
+
+def _rate(opts, step):
+    """The learning rate of the updates of mini-batch `step` (counted over all epochs)."""
+    return opts["lr"](step) if callable(opts["lr"]) else opts["lr"]
 
 
 def _run_sync_epoch(stages, batches, epoch, opts, trace):
@@ -282,9 +297,14 @@ def _run_sync_epoch(stages, batches, epoch, opts, trace):
                 grads, upstream = stage_vjp(stage_inputs[k], stages[k].weights,
                                             stages[k].final, upstream)
                 sums[k] = grads if sums[k] is None else [a + g for a, g in zip(sums[k], grads)]
+        sums = [[g / num_micro for g in total] for total in sums]
+        scale, clip = 1.0, opts["clip"]
+        if clip is not None and clip[0] == "global_clipnorm":  # one norm over all stages
+            norm = np.sqrt(sum(np.sum(g * g) for total in sums for g in total))
+            scale, clip = clip[1] / max(norm, clip[1]), None
         for stage, total in zip(stages, sums):
-            stage.apply([g / num_micro for g in total], opts["lr"], opts["momentum"],
-                        opts["weight_decay"])
+            stage.apply(total, _rate(opts, epoch * len(batches) + i), opts["momentum"],
+                        opts["weight_decay"], clip, scale)
         losses.append(batch_loss)
     return losses
 
@@ -372,7 +392,8 @@ def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, 
 
 
 def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=1,
-                    target="paper", micro_batches=1, weight_decay=None, pick=min, trace=None):
+                    target="paper", micro_batches=1, weight_decay=None, clip=None, pick=min,
+                    trace=None):
     """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
 
     Args:
@@ -382,7 +403,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
         batches: list of `(x, y)` mini-batches, x float (B, in), y int (B,), replayed in the
             same order every epoch.
         mode: "sync", "vanilla", "stash" or "spectrain".
-        lr: learning rate.
+        lr: learning rate, or a function of the step (the mini-batch's index counted over
+            all epochs) giving the learning rate of that mini-batch's updates.
         momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`).
         epochs: number of epochs; the pipeline drains at the end of each, while momentum
             buffers persist.
@@ -390,6 +412,9 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
         micro_batches: M equal micro-batches per mini-batch (mode "sync" only).
         weight_decay: optional Keras weight decay, `W = W - W * weight_decay * lr` on every
             weight (biases included) before each step.
+        clip: None, or `("clipnorm", c)` / `("clipvalue", c)` (each variable's gradient,
+            as Keras clips it), or `("global_clipnorm", c)` (mode "sync": one norm over the
+            whole model's gradient).
         pick: callable choosing which ready stage the event loop runs next, given the list of
             ready stage indices; the result must not depend on it.
         trace: optional list; every pass is appended to it as an `Event`.
@@ -404,6 +429,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
     """
     _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, epochs,
                      momentum)
+    if clip is not None and clip[0] == "global_clipnorm" and mode != "sync":
+        raise ValueError(f"`global_clipnorm` needs mode 'sync'. Received: mode={mode!r}")
     batches = [(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64))
                for x, y in batches]
     flat = [w for pair in params for w in pair]
@@ -412,7 +439,7 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
         stages.append(_Stage(flat[2 * start:2 * (start + size)], k == len(stage_sizes) - 1))
         start += size
     opts = dict(mode=mode, target=target, lr=lr, momentum=momentum,
-                weight_decay=weight_decay, micro_batches=micro_batches)
+                weight_decay=weight_decay, micro_batches=micro_batches, clip=clip)
     losses = []
     for epoch in range(epochs):
         if mode == "sync":
