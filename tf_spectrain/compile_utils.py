@@ -153,3 +153,24 @@ def clone_optimizer(optimizer):
     if hasattr(optimizer, "clone_for_stage"):
         return optimizer.clone_for_stage()
     return optimizer.__class__.from_config(optimizer.get_config())
+
+
+def check_clipping(optimizer, mode):
+    """Refuses `global_clipnorm` outside sync mode, saying why and what to use instead.
+
+    Args:
+        optimizer: the resolved optimizer.
+        mode: the pipeline's mode.
+
+    Raises:
+        ValueError: `global_clipnorm` with an asynchronous mode.
+    """
+    if optimizer.global_clipnorm and mode != "sync":
+        raise ValueError(
+            f"`global_clipnorm` clips the gradient of the whole model by its norm, but in "
+            f"mode={mode!r} there is no such gradient: each stage updates at its own time, "
+            "from gradients of different mini-batches. Use `clipnorm` (each variable's "
+            "gradient clipped to that norm) or `clipvalue`, which work in every mode, or "
+            f"mode='sync'. Received: global_clipnorm={optimizer.global_clipnorm}, "
+            f"mode={mode!r}"
+        )

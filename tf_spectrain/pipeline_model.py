@@ -218,12 +218,16 @@ class PipelineModel:
         Args:
             optimizer: a Keras optimizer (or its name). Each stage gets its own copy,
                 built on its device. `mode="spectrain"` needs a `tf_spectrain.SpecTrainSGD`.
+                `clipnorm` and `clipvalue` clip each variable's gradient, in every mode;
+                `global_clipnorm` (sync mode only) clips by the norm over all stages, as
+                Keras does over the whole model.
             loss: a Keras loss or its name.
             metrics: list of Keras metrics or names; "accuracy" fits the loss.
 
         Raises:
             TypeError: `mode="spectrain"` without a `SpecTrainSGD`, or `metrics` not a list.
-            ValueError: a missing or unknown optimizer, loss or metric.
+            ValueError: a missing or unknown optimizer, loss or metric, or
+                `global_clipnorm` outside sync mode.
         """
         optimizer = compile_utils.resolve_optimizer(optimizer)
         if self.mode == "spectrain" and not isinstance(optimizer, SpecTrainSGD):
@@ -232,12 +236,16 @@ class PipelineModel:
                 "`tf_spectrain.SpecTrainSGD`. Received: "
                 f"optimizer={type(optimizer).__name__}"
             )
+        compile_utils.check_clipping(optimizer, self.mode)
         self.loss = compile_utils.resolve_loss(loss)
         self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
         self.optimizer = optimizer
         self._compiled_with = (optimizer, loss, metrics)
         self.runners = build_runners(self.stages, self.devices, self.plans, optimizer, self.loss)
         self._evaluator = None  # made at the first evaluate, for these runners and metrics
+        if optimizer.global_clipnorm:  # sync mode (check_clipping): one norm over all stages
+            for runner in self.runners:
+                runner.clip_globally(optimizer.global_clipnorm)
         # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
         # logs the learning rate) see the last stage's, whose iterations advance.
         self.model.optimizer = self.runners[-1].optimizer
