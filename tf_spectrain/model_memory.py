@@ -77,11 +77,12 @@ def shared_accelerators(variable_device_names, stage_devices):
         A list of short names (`"/GPU:0"`; a remote device keeps its job and task) of the
         non-CPU devices holding both, in the order of `stage_devices`, without repeats.
     """
+    # Variables on CPUs never count (so stages on CPUs match nothing).
     held = [p for p in map(_parse, variable_device_names) if p is not None and p[3] != CPU]
     shared = []
     for stage in stage_devices:
         parsed = _parse(stage)
-        if parsed is None or parsed[3] == CPU:
+        if parsed is None:
             continue
         for variable in held:
             if _same_device(parsed, variable):
