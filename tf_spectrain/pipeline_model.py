@@ -18,6 +18,7 @@ import tensorflow as tf
 from tf_spectrain import autocuts, batching, checks, compile_utils, input_checks, modes, partition
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
+from tf_spectrain.model_memory import warn_if_model_on_stage_device
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
@@ -151,6 +152,7 @@ class PipelineModel:
             autocuts.check_given_cuts(cuts, num_stages)
         self._compiled_with = None
         self._build(list(cuts), devices)
+        warn_if_model_on_stage_device(model, self.devices)  # an extra copy on an accelerator
         self.progress = Progress()
         self._loop = None  # the FitLoop of a `fit` in progress
         # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.

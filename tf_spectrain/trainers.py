@@ -6,13 +6,16 @@ mode means the same model, optimizer and placement everywhere:
 - `single`: the model on the first device, `keras.optimizers.SGD`;
 - `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`, SGD;
 - a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
-  `SpecTrainSGD` in every stage.
+  `SpecTrainSGD` in every stage, the model built on `/CPU:0` when the devices are not
+  all CPUs (the stages are placed copies).
 """
+
+import contextlib
 
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checks, modes
+from tf_spectrain import checks, model_memory, modes
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
@@ -49,9 +52,11 @@ def build_trainer(
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
-    For `single` and `dp` the model is built inside the device or strategy scope, for a
-    pipeline outside any (its stages are placed by `PipelineModel`). The caller seeds the
-    random generators first if it wants reproducible initial weights.
+    For `single` and `dp` the model is built inside the device or strategy scope. A
+    pipeline's stages are copies placed by `PipelineModel`, so its model is built on
+    `/CPU:0` when a stage device is not a CPU (`model_memory.model_build_device`: the
+    wrapped model is then no extra copy on the first GPU), else outside any scope. The
+    caller seeds the random generators first if it wants reproducible initial weights.
 
     Args:
         build_model: a function of no arguments that returns a new functional `keras.Model`.
@@ -98,7 +103,9 @@ def build_trainer(
             model.compile(optimizer=sgd(keras.optimizers.SGD, **settings), loss=loss,
                           metrics=metrics)
         return model
-    model = build_model()
+    build_device = model_memory.model_build_device(devices)
+    with tf.device(build_device) if build_device else contextlib.nullcontext():
+        model = build_model()
     if cuts is None:
         cuts = "auto"
     elif callable(cuts):
