@@ -10,8 +10,19 @@ import numpy as np
 import pytest
 import spectrain_reference as ref
 from step_helpers import rel_error
-from test_pipeline_modes import ATOL, BATCH, EPOCHS, LAYERS, MODES, NUM_BATCHES, STAGE_SIZES
-from test_pipeline_modes import MOMENTUM, cuts_for, keras_mlp, max_diff
+from test_pipeline_modes import (
+    ATOL,
+    BATCH,
+    EPOCHS,
+    LAYERS,
+    MODES,
+    MOMENTUM,
+    NUM_BATCHES,
+    STAGE_SIZES,
+    cuts_for,
+    keras_mlp,
+    max_diff,
+)
 
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel

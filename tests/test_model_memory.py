@@ -203,3 +203,44 @@ def test_build_trainer_builds_baselines_as_before(monkeypatch):
     monkeypatch.setattr(model_memory, "model_build_device", pytest.fail)
     model = trainers.build_trainer(tiny, "single", ["/CPU:2"], learning_rate=0.1)
     assert model_memory.variable_devices(model)[0] == LOCAL + "CPU:2"
+
+
+@pytest.mark.parametrize(
+    "variables, device, local",
+    [
+        ([LOCAL + "GPU:0"] * 2, "/GPU:0", True),
+        ([LOCAL + "GPU:0"], "gpu:0", True),
+        ([LOCAL + "CPU:0"], "/GPU:0", False),  # train.py's model on the CPU, stage on a GPU
+        ([LOCAL + "GPU:1"], "/GPU:0", False),
+        ([LOCAL + "CPU:0", LOCAL + "CPU:3"], "/CPU:2", True),  # logical CPUs share memory
+        ([LOCAL + "GPU:0"], "/CPU:0", False),
+        (["", LOCAL + "GPU:0"], "/GPU:0", True),
+        ([], "/GPU:1", True),
+    ],
+)
+def test_reads_locally(variables, device, local):
+    assert model_memory.reads_locally(variables, device) is local
+
+
+def test_profile_model_times_placed_copies_when_the_variables_are_elsewhere(monkeypatch):
+    from tf_spectrain import partition
+    from tf_spectrain.costmodel import measure
+
+    placed = []
+    real = partition.place_stages
+
+    def spy(stages, devices):
+        placed.append(list(devices))
+        return real(stages, devices)
+
+    monkeypatch.setattr(partition, "place_stages", spy)
+    model = tiny()
+    before = [w.copy() for w in model.get_weights()]
+    measure.profile_model(model, 4, repeats=1, warmup=0, device="/CPU:1")
+    assert placed == []  # the variables are on a CPU: read in place
+    monkeypatch.setattr(model_memory, "reads_locally", lambda names, device: False)
+    profile = measure.profile_model(model, 4, repeats=1, warmup=0, device="/CPU:1")
+    assert placed == [["/CPU:1"] * len(profile)]
+    assert profile.names == [layer.name for layer in model.layers[1:]]
+    for a, b in zip(model.get_weights(), before):  # the model itself is left alone
+        np.testing.assert_array_equal(a, b)

@@ -10,7 +10,9 @@ GPU when there is one, which is also where stage 0 lives. Built under
 - `shared_accelerators`: the accelerators that hold both model variables and a stage;
 - `warn_if_model_on_stage_device`: one `UserWarning` when there are any
   (`PipelineModel.__init__` calls it);
-- `model_build_device`: where `trainers.build_trainer` builds a pipeline's model.
+- `model_build_device`: where `trainers.build_trainer` builds a pipeline's model;
+- `reads_locally`: whether a device reads the model's variables without copies
+  (`costmodel.profile_model` times placed copies of the layers when it does not).
 """
 
 import warnings
@@ -20,6 +22,7 @@ import tensorflow as tf
 __all__ = [
     "is_cpu",
     "model_build_device",
+    "reads_locally",
     "shared_accelerators",
     "variable_devices",
     "warn_if_model_on_stage_device",
@@ -90,6 +93,31 @@ def shared_accelerators(variable_device_names, stage_devices):
                 if name not in shared:
                     shared.append(name)
     return shared
+
+
+def reads_locally(variable_device_names, device):
+    """Whether computing on `device` reads every variable without a copy between devices.
+
+    True when each variable sits on `device` itself (compared as in `shared_accelerators`),
+    or when `device` and the variable are both CPUs (logical CPU devices share the host's
+    memory). Empty names (no device) count as local.
+
+    Args:
+        variable_device_names: the device of each of the model's variables.
+        device: the device that computes, e.g. `"/GPU:0"`.
+
+    Returns:
+        A bool.
+    """
+    target = _parse(device)
+    if target is None:
+        return True
+    for parsed in map(_parse, variable_device_names):
+        if parsed is None or (parsed[3] == CPU and target[3] == CPU):
+            continue
+        if not _same_device(parsed, target):
+            return False
+    return True
 
 
 def variable_devices(model):

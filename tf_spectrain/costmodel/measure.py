@@ -20,7 +20,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checks, partition
+from tf_spectrain import checks, model_memory, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.runtime.graphs import as_list, one_or_list
@@ -114,7 +114,10 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
         repeats: timed calls per function, an int >= 1; the median counts.
         warmup: untimed calls first (tracing, allocation), an int >= 0.
         seed: seed of the random batch and upstream gradients.
-        device: optional device name to run on, e.g. `"/CPU:0"` or `"/GPU:0"`.
+        device: optional device name to run on, e.g. `"/CPU:0"` or `"/GPU:0"`. When the
+            model's variables live on another device (not merely another CPU), each layer
+            is timed as a copy placed on `device`, so no time is spent reading weights
+            from elsewhere.
 
     Returns:
         A `ModelProfile` named after the model, one `LayerProfile` per layer in
@@ -128,6 +131,10 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
     graph = read_graph(model)
     names = graph.names
     stages = partition.split_model(model, names[:-1])
+    if device and not model_memory.reads_locally(model_memory.variable_devices(model), device):
+        # The model lives elsewhere (train.py builds it on the CPU when its stages are on
+        # GPUs): time copies placed on `device`, not the layers reading remote variables.
+        stages = partition.place_stages(stages, [device] * len(stages))
     rng = np.random.default_rng(seed + 1)
     layers = []
     with tf.device(device) if device else contextlib.nullcontext():
