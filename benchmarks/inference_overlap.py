@@ -193,6 +193,8 @@ def main(argv=None):
                       file=sys.stderr, flush=True)
         rounds.append(record)
     text = table(rounds, args, (time.perf_counter() - start) / 60)
+    text += "\n\nCuts by round: " + "; ".join(
+        ", ".join(r[PIPELINE]["cuts"] or ["-"]) for r in rounds) + "."
     print(text)
     if args.out:
         with open(args.out, "w") as f:
