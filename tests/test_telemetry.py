@@ -75,8 +75,8 @@ class WeightRecorder:
         return weights, momenta
 
     def _wrap(self, runner, update, k):
-        def wrapped():
-            update()
+        def wrapped(**options):
+            update(**options)
             self.history[k].append(self._state(runner))
 
         return wrapped

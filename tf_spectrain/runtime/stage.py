@@ -102,7 +102,6 @@ class StageRunner:
         self._attempts = 0  # updates asked for (applied or skipped)
         with tf.device(device):
             self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-        self._learning_rate = None  # the last value `update` set
         self.probe = None
         self._forward_fn = graph_function(self._forward)
         self._vjp_fn = graph_function(self._recompute_vjp)
@@ -313,9 +312,8 @@ class StageRunner:
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: update without a backward before it")
         pending, self._pending = self._pending, None
-        if learning_rate is not None and learning_rate != self._learning_rate:
+        if learning_rate is not None:
             self.optimizer.learning_rate = learning_rate
-            self._learning_rate = learning_rate
         self._attempts += 1
         if self.trainable:  # a stage without weights (e.g. only padding) has no update
             self._apply_fn(pending, list(squares or []), self.skip_non_finite)
