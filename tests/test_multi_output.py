@@ -63,7 +63,7 @@ CASES = {
 
 def _labels(y1, y2, form):
     if form in ("dict", "dataset_dict"):
-        return {"o1": y1, "o2": y2}
+        return {"o2": y2, "o1": y1}  # by name, not in output order
     if form == "dataset_tuple":
         return (y1, y2)
     return [y1, y2]
