@@ -9,11 +9,15 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import input_checks
+from tf_spectrain.outputs import OutputLoss, is_multi_output
 from tf_spectrain.runtime.iterators import retire, without_autotune
 
 
 def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
     """`(x, y)` batches from arrays or a dataset, checked against the model and loss.
+
+    For a model with several outputs, `y` becomes a tuple in output order, and the
+    `outputs.OutputLoss` is built for the labels' shapes.
 
     Args:
         model: the wrapped Keras model (its inputs fix the expected shapes).
@@ -33,12 +37,35 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
     input_checks.check_int("batch_size", batch_size, 1)
     n_x = input_checks.check_data(model, loss, x, y, names)
     if n_x is None:
-        return x  # a dataset of (x, y) batches, used as given
+        return _labels_in_order(model, loss, x)  # a dataset of (x, y) batches, as given
     inputs = input_checks.model_inputs(model, x)
-    ds = tf.data.Dataset.from_tensor_slices((inputs, y))
+    ds = tf.data.Dataset.from_tensor_slices((inputs, input_checks.model_labels(model, y)))
     if shuffle:
         ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
-    return without_autotune(ds.batch(batch_size).prefetch(2))
+    ds = ds.batch(batch_size)
+    _build_loss(loss, ds)
+    return without_autotune(ds.prefetch(2))
+
+
+def _labels_in_order(model, loss, ds):
+    """A dataset for a model with several outputs yields its labels as a tuple in output order.
+
+    Labels given as a dict (by output name) or a list are mapped to that tuple; a tuple, or
+    a model with one output, leaves the dataset as it is.
+    """
+    if is_multi_output(model) and isinstance(ds.element_spec[1], (dict, list)):
+        ds = ds.map(lambda x, y: (x, input_checks.model_labels(model, y)))
+    _build_loss(loss, ds)
+    return ds
+
+
+def _build_loss(loss, ds):
+    """A model with several outputs resolves its losses and metrics for the first labels.
+
+    `ds` yields batches, so the labels' shapes have their batch axis, as Keras sees them.
+    """
+    if isinstance(loss, OutputLoss):
+        loss.build(ds.element_spec[1])
 
 
 def epoch_batches(model, x, y, batch_size, seed, epoch):
@@ -124,7 +151,8 @@ class EpochFeed:
                 input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
                 micro_batches,
             )
-        self._arrays = (model, x, y, batch_size)
+        labels = y if isinstance(x, tf.data.Dataset) else input_checks.model_labels(model, y)
+        self._arrays = (model, x, labels, batch_size)
         self._per_epoch_order = (
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
         )

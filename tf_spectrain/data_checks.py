@@ -1,13 +1,16 @@
 """Checks that data fit a model and its loss, before any training step runs.
 
-The structure of `x` (one array per model input, a list or a dict by input name), shapes,
-dtypes, and labels against the model's output and the loss (probed once on two examples).
+The structure of `x` (one array per model input, a list or a dict by input name) and of
+`y` (for several outputs, one array per output: a list or a dict by output name), shapes,
+dtypes, and labels against each model output and its loss (probed once on two examples).
 Errors name the argument and give both shapes. Used by `tf_spectrain.input_checks` and
 `PipelineModel`'s `fit`, `evaluate` and `predict`.
 """
 
 import numpy as np
 import tensorflow as tf
+
+from tf_spectrain import outputs as outputs_lib
 
 
 def _shape(obj):
@@ -76,6 +79,57 @@ def model_inputs(model, x):
     """
     parts = tuple(part for _, part, _ in _input_parts(model, x, "x"))
     return parts[0] if len(parts) == 1 else parts
+
+
+def _label_parts(model, y, what, from_dataset=False):
+    """`y` of a model with several outputs, split per output: [(label, part)] in order."""
+    names = outputs_lib.output_names(model)
+    whose = f"the dataset `{what}` yields labels that are" if from_dataset else f"`{what}` is"
+    if isinstance(y, dict):
+        if set(y) != set(names):
+            raise ValueError(
+                f"{whose} a dict, so its keys must be the names of the model's outputs "
+                f"{names}. Received keys: {sorted(y, key=str)}"
+            )
+        return [(f"{what}['{n}']", y[n]) for n in names]
+    if isinstance(y, (list, tuple)):
+        if len(y) != len(names):
+            raise ValueError(
+                f"Model '{model.name}' has {len(names)} outputs {names}, but {whose} a "
+                f"{type(y).__name__} of {len(y)} items; pass one label array per model "
+                "output, in that order (or a dict by output name)."
+            )
+        return [(f"{what}[{k}]", part) for k, part in enumerate(y)]
+    if from_dataset:
+        raise ValueError(
+            f"Model '{model.name}' has {len(names)} outputs {names}: the dataset `{what}` "
+            f"must yield (x, y) batches whose y is a tuple of {len(names)} tensors, one per "
+            f"output (or a dict by output name). Received: labels {y}"
+        )
+    raise ValueError(
+        f"Model '{model.name}' has {len(names)} outputs {names}: pass `{what}` as a list of "
+        f"{len(names)} arrays, one per output (or a dict by output name). Received: a "
+        f"single {type(y).__name__}"
+    )
+
+
+def model_labels(model, y):
+    """Labels as the stages take them: as given for one output, else a tuple in output order.
+
+    A tuple, not a list: `from_tensor_slices` would stack a list into one tensor.
+
+    Args:
+        model: the wrapped Keras model.
+        y: the labels (already checked); for several outputs a list, tuple or dict by output
+            name of one array (or tensor) per output.
+
+    Returns:
+        `y` for a model with one output, else a tuple of its parts in the order of
+        `model.outputs`.
+    """
+    if not outputs_lib.is_multi_output(model):
+        return y
+    return tuple(part for _, part in _label_parts(model, y, "y"))
 
 
 def check_inputs(model, x, what="x", from_dataset=False):
@@ -154,27 +208,49 @@ def _as_labels(y, what):
 
 
 def _check_labels(model, loss, y, what="y", from_dataset=False):
-    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss."""
+    """Checks labels (an array, or a dataset's TensorSpec) against the output and the loss.
+
+    For several outputs, `y` holds one part per output (checked with `_label_parts`) and
+    `loss` is the `outputs.OutputLoss`: each part is checked against its output and loss.
+    """
+    if not outputs_lib.is_multi_output(model):
+        _check_output_labels(model, model.outputs[0], loss, y, what, from_dataset)
+        return
+    parts = _label_parts(model, y, what, from_dataset)
+    if not from_dataset:
+        parts = [(label, _as_labels(part, label)) for label, part in parts]
+    if isinstance(loss, outputs_lib.OutputLoss):
+        losses = loss.losses_for([part for _, part in parts])
+    else:  # not compiled by `PipelineModel`: nothing to probe with
+        losses = [None] * len(parts)
+    names = outputs_lib.output_names(model)
+    for (label, part), out, fn, name in zip(parts, model.outputs, losses, names):
+        _check_output_labels(model, out, fn, part, what if from_dataset else label,
+                             from_dataset, output=name)
+
+
+def _check_output_labels(model, out, loss, y, what, from_dataset, output=None):
+    """Checks the labels of output `out` (named `output` when there are several)."""
     # The loss is run once, eagerly, on a two-example slice of the labels (zeros for a
     # dataset) and zero outputs: if that fails, training would fail the same way, later and
     # deep inside TensorFlow (a ValueError here). Sparse categorical labels are also checked
     # to lie in [0, num_classes): out-of-range labels give NaN losses on GPUs, not an error.
-    # Models with several outputs are left to the loss.
-    if len(model.outputs) != 1:
-        return
-    out = model.outputs[0]
+    # An output without a loss (None) is only checked for a batch axis and numbers.
     out_shape, y_shape = tuple(out.shape), _shape(y)
+    for_output = "" if output is None else f" for output '{output}'"
     if y_shape is None:
         return
     if len(y_shape) == 0:
-        raise ValueError(f"`{what}` must have a batch axis. Received: {what} of shape ()")
+        raise ValueError(
+            f"`{what}` must have a batch axis{for_output}. Received: {what} of shape ()"
+        )
     if _is_non_numeric(y):
         raise ValueError(
-            f"`{what}` must hold numbers (encode class names as integers). "
+            f"`{what}` must hold numbers{for_output} (encode class names as integers). "
             f"Received: {what} of dtype {_numpy_dtype(y)}"
         )
-    if any(d is None for d in out_shape[1:] + y_shape[1:]):
-        return  # variable-size outputs or labels: nothing to probe with
+    if loss is None or any(d is None for d in out_shape[1:] + y_shape[1:]):
+        return  # no loss, or variable-size outputs or labels: nothing to probe with
     if not from_dataset and _is_sparse_categorical(loss):
         _check_label_range(loss, np.asarray(y), out_shape[-1], what)
     if from_dataset:
@@ -188,9 +264,11 @@ def _check_labels(model, loss, y, what="y", from_dataset=False):
     except (ValueError, TypeError, tf.errors.OpError) as e:
         lines = str(e).strip().splitlines()
         reason = lines[-1] if lines else type(e).__name__
-        source = f"the dataset `{what}` yields labels of" if from_dataset else f"`{what}` has"
+        source = (f"the dataset `{what}` yields labels{for_output} of" if from_dataset
+                  else f"`{what}` has")
+        which = "output" if output is None else f"output '{output}'"
         raise ValueError(
-            f"The labels do not fit the model's output: model '{model.name}' outputs shape "
+            f"The labels do not fit the model's {which}: model '{model.name}' outputs shape "
             f"{out_shape} but {source} shape {y_shape}, which the loss '{loss_name}' "
             f"cannot take ({reason})."
         ) from None
@@ -230,8 +308,10 @@ def check_data(model, loss, x, y, names=("x", "y")):
 
     Args:
         model: the wrapped Keras model.
-        loss: the compiled loss (a callable `loss(y_true, y_pred)`).
-        x, y: arrays (`x` one per model input), or `x` a dataset and `y` None.
+        loss: the compiled loss (a callable `loss(y_true, y_pred)`; for several outputs
+            the `outputs.OutputLoss`).
+        x, y: arrays (`x` one per model input, `y` one per model output), or `x` a
+            dataset and `y` None.
         names: how the messages call `x` and `y` (e.g. `("x_val", "y_val")`).
 
     Returns:
@@ -255,17 +335,25 @@ def check_data(model, loss, x, y, names=("x", "y")):
             f"as `{x_name}`. Received: {x_name}={type(x).__name__}, {y_name}={type(y).__name__}"
         )
     n_x = check_inputs(model, x, x_name)
-    if len(model.outputs) != 1:
-        return n_x  # several outputs: the loss decides what `y` holds
+    if outputs_lib.is_multi_output(model):
+        for label, part in _label_parts(model, y, y_name):
+            _check_example_count(x_name, n_x, label, _as_labels(part, label))
+        _check_labels(model, loss, y, y_name)
+        return n_x
     labels = _as_labels(y, y_name)
+    _check_example_count(x_name, n_x, y_name, labels)
+    _check_labels(model, loss, labels, y_name)
+    return n_x
+
+
+def _check_example_count(x_name, n_x, y_name, labels):
+    """Labels must have as many examples as the inputs."""
     y_shape = _shape(labels)
     if y_shape and y_shape[0] is not None and y_shape[0] != n_x:
         raise ValueError(
             f"`{x_name}` and `{y_name}` must have the same number of examples. "
             f"Received: {n_x} and {y_shape[0]}"
         )
-    _check_labels(model, loss, labels, y_name)
-    return n_x
 
 
 def check_predict_dataset(model, ds):

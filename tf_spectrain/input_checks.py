@@ -12,7 +12,13 @@ import keras
 import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
-from tf_spectrain.data_checks import check_data, check_inputs, check_predict_dataset, model_inputs
+from tf_spectrain.data_checks import (
+    check_data,
+    check_inputs,
+    check_predict_dataset,
+    model_inputs,
+    model_labels,
+)
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -25,6 +31,7 @@ __all__ = [
     "check_predict_dataset",
     "check_verbose",
     "model_inputs",
+    "model_labels",
     "unpack_validation_data",
     "validation_names",
 ]

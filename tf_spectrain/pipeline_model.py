@@ -20,6 +20,7 @@ from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
 from tf_spectrain.model_memory import warn_if_model_on_stage_device
 from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
 from tf_spectrain.runtime.loop import FitLoop
@@ -214,7 +215,7 @@ class PipelineModel:
         if compiled is not None:
             self.compile(*compiled)
 
-    def compile(self, optimizer, loss, metrics=None):
+    def compile(self, optimizer, loss, metrics=None, loss_weights=None):
         """Configures training, as `keras.Model.compile`.
 
         Args:
@@ -223,13 +224,27 @@ class PipelineModel:
                 `clipnorm` and `clipvalue` clip each variable's gradient, in every mode;
                 `global_clipnorm` (sync mode only) clips by the norm over all stages, as
                 Keras does over the whole model.
-            loss: a Keras loss or its name.
-            metrics: list of Keras metrics or names; "accuracy" fits the loss.
+            loss: a Keras loss or its name. For a model with several outputs, as in Keras:
+                one loss for every output, a list of one loss (or None) per output, or a
+                dict by output name naming every output.
+            metrics: list of Keras metrics or names; "accuracy" fits the loss. For several
+                outputs, as in Keras: a list of one entry (a metric, a list of them, or
+                None) per output, or a dict by output name; "accuracy" fits each output's
+                labels and predictions.
+            loss_weights: several outputs only: a list or dict (by output name) of each
+                output's weight in the loss, or one number with a single loss; the loss
+                trained on is the weighted sum of the outputs' losses.
+
+        Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
+        losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more
+        than one output has a loss.
 
         Raises:
             TypeError: `mode="spectrain"` without a `SpecTrainSGD`, or `metrics` not a list.
-            ValueError: a missing or unknown optimizer, loss or metric, or
-                `global_clipnorm` outside sync mode.
+            ValueError: a missing or unknown optimizer, loss or metric, a list of losses,
+                weights or metrics that does not fit the outputs (or a dict naming
+                something that is not an output), `loss_weights` for a model with one
+                output, or `global_clipnorm` outside sync mode.
         """
         optimizer = compile_utils.resolve_optimizer(optimizer)
         if self.mode == "spectrain" and not isinstance(optimizer, SpecTrainSGD):
@@ -239,10 +254,20 @@ class PipelineModel:
                 f"optimizer={type(optimizer).__name__}"
             )
         compile_utils.check_clipping(optimizer, self.mode)
-        self.loss = compile_utils.resolve_loss(loss)
-        self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
+        if is_multi_output(self.model):
+            self.loss = OutputLoss(self.model, loss, loss_weights)
+            self.metrics = OutputMetrics(self.loss, metrics)
+        else:
+            if loss_weights is not None:
+                raise ValueError(
+                    "`loss_weights` weights the losses of a model's several outputs, but "
+                    f"model '{self.model.name}' has one output; scale its loss instead. "
+                    f"Received: loss_weights={loss_weights!r}"
+                )
+            self.loss = compile_utils.resolve_loss(loss)
+            self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
         self.optimizer = optimizer
-        self._compiled_with = (optimizer, loss, metrics)
+        self._compiled_with = (optimizer, loss, metrics, loss_weights)
         self.runners = build_runners(self.stages, self.devices, self.plans, optimizer, self.loss)
         self._evaluator = None  # made at the first evaluate, for these runners and metrics
         if optimizer.global_clipnorm:  # sync mode (check_clipping): one norm over all stages
@@ -315,7 +340,8 @@ class PipelineModel:
         """Trains the pipeline, as `keras.Model.fit`; returns a `keras.callbacks.History`.
 
         Args:
-            x, y: arrays (`y` labels), or `x` a `tf.data.Dataset` of `(x, y)` batches.
+            x, y: arrays (`y` labels; for several outputs a list of one array per output,
+                or a dict by output name), or `x` a `tf.data.Dataset` of `(x, y)` batches.
             batch_size: for arrays; default 32.
             epochs: train until this epoch index.
             verbose: 0 silent, 1 progress bar, 2 one line per epoch, "auto" = 1.
@@ -402,14 +428,16 @@ class PipelineModel:
         Uses the wrapped model's current weights (they are copied to the stages first).
 
         Args:
-            x, y: arrays (`x` one per model input: a list, or a dict by input name), or
-                `x` a `tf.data.Dataset` of `(x, y)` batches.
+            x, y: arrays (`x` one per model input: a list, or a dict by input name; `y`
+                likewise per output), or `x` a `tf.data.Dataset` of `(x, y)` batches.
             batch_size: for arrays; default 32.
             verbose: 0 prints nothing; otherwise one line with the results.
             return_dict: return `{"loss": ..., metric: ...}` instead of a list.
 
         Returns:
-            The loss (no metrics), a list `[loss, *metrics]`, or a dict.
+            The loss (no metrics), a list `[loss, *metrics]` (for several outputs in
+            Keras' order: loss, per-output losses, then the other logs by name), or a
+            dict.
 
         Raises:
             TypeError: for data that is not arrays or a dataset, or a non-bool
@@ -427,6 +455,8 @@ class PipelineModel:
             print(" - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
         if return_dict:
             return logs
+        if isinstance(self.metrics, OutputMetrics):
+            return self.metrics.evaluate_values(logs)  # Keras' order
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 

@@ -1,13 +1,16 @@
 """Loss and metric bookkeeping of a pipeline's `fit`: the running logs Keras callbacks see.
 
-`TrainLogs` adds each mini-batch the last stage reports (its loss, predictions and labels,
-plus every stage's layer losses) to the loss tracker and the metrics, and names where a
-non-finite loss came from.
+`BatchLogs` turns a batch's loss, labels and predictions into Keras' logs; `TrainLogs` (fit)
+and `runtime.inference.Evaluator` (evaluate, validation) both use it. `TrainLogs` adds each
+mini-batch the last stage reports (its loss, predictions and labels, plus every stage's
+layer losses) and names where a non-finite loss came from.
 """
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tf_spectrain.outputs import OutputMetrics
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -36,12 +39,80 @@ def metric_logs(loss_tracker, metrics):
     return logs
 
 
+def fresh_metrics(metrics):
+    """Copies of compiled metrics with fresh state (from their configs), for `evaluate`.
+
+    Args:
+        metrics: a list of Keras metrics, or an `outputs.OutputMetrics`.
+
+    Returns:
+        The same kind of object, its metrics new.
+    """
+    if isinstance(metrics, OutputMetrics):
+        metrics.build()
+        return metrics.fresh_copy()
+    return [m.__class__.from_config(m.get_config()) for m in metrics]
+
+
+class BatchLogs:
+    """The loss and metric logs of batches, as `keras.Model.fit` and `evaluate` keep them.
+
+    The total loss is averaged over the examples; a model with one output updates every
+    metric with the labels and predictions, one with several hands them to its
+    `outputs.OutputMetrics` (per-output metrics and losses). Works eagerly and inside a
+    graph function.
+
+    Args:
+        metrics: a list of Keras metrics (one output), or an `outputs.OutputMetrics`
+            (built here if it is not yet). They are updated in place.
+    """
+
+    def __init__(self, metrics):
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.metrics = metrics
+        self.several_outputs = isinstance(metrics, OutputMetrics)
+        if self.several_outputs:
+            metrics.build()
+
+    def reset(self):
+        """Zeroes the loss tracker and every metric."""
+        self.loss_tracker.reset_state()
+        if self.several_outputs:
+            self.metrics.reset_state()
+        else:
+            for m in self.metrics:
+                m.reset_state()
+
+    def update(self, loss, size, parts):
+        """Adds one batch.
+
+        Args:
+            loss: the batch's total loss (a float or scalar tensor, layer losses included).
+            size: its number of examples (the loss's weight).
+            parts: `[(labels, predictions)]`, one pair per micro-batch.
+        """
+        self.loss_tracker.update_state(loss, sample_weight=size)
+        if self.several_outputs:
+            self.metrics.update_state(parts)
+            return
+        for labels, predictions in parts:
+            for m in self.metrics:
+                m.update_state(labels, predictions)
+
+    def result(self):
+        """The logs as floats: `{"loss": ..., <metric>: ...}`, named as Keras names them."""
+        if self.several_outputs:
+            return self.metrics.logs(self.loss_tracker)
+        return metric_logs(self.loss_tracker, self.metrics)
+
+
 class TrainLogs:
     """The running loss and metrics of the epoch in progress.
 
     Args:
         runners: the stages' `StageRunner`s (their layer losses are added to the loss).
-        metrics: the compiled Keras metrics (updated in place, as Keras does).
+        metrics: the compiled Keras metrics, or `outputs.OutputMetrics` for a model with
+            several outputs (updated in place, as Keras does).
         progress: the `runtime.state.Progress` whose example and skip counters to advance.
     """
 
@@ -49,17 +120,16 @@ class TrainLogs:
         self.runners = runners
         self.metrics = metrics
         self.progress = progress
-        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.logs = BatchLogs(metrics)
+        self.loss_tracker = self.logs.loss_tracker
 
     def reset(self):
         """Starts a new epoch: zero the loss tracker and every metric."""
-        self.loss_tracker.reset_state()
-        for m in self.metrics:
-            m.reset_state()
+        self.logs.reset()
 
     def result(self):
         """The epoch's running logs as floats."""
-        return metric_logs(self.loss_tracker, self.metrics)
+        return self.logs.result()
 
     def record(self, epoch, i, parts, on_nan):
         """Adds mini-batch `i` to the logs (unless its loss is not finite).
@@ -80,17 +150,14 @@ class TrainLogs:
         # The loss Keras reports includes the layer losses (regularizers) of every stage.
         penalty = sum(float(p) for r in self.runners for p in r.penalties.pop(i, ()))
         loss = sum(float(p[0]) for p in parts) + penalty
-        size = sum(int(tf.shape(p[1])[0]) for p in parts)
+        size = sum(int(tf.shape(tf.nest.flatten(p[1])[0])[0]) for p in parts)
         self.progress.images_seen += size
         if not np.isfinite(loss):
             if on_nan == "stop":
                 raise NonFiniteLossError(self.non_finite_message(epoch, i, loss))
             self.progress.batches_skipped += 1
             return
-        self.loss_tracker.update_state(loss, sample_weight=size)
-        for _, logits, labels in parts:
-            for m in self.metrics:
-                m.update_state(labels, logits)
+        self.logs.update(loss, size, [(labels, logits) for _, logits, labels in parts])
 
     def non_finite_message(self, epoch, i, loss):
         """Describes where a non-finite loss came from: the first stage pass that produced one.

@@ -5,13 +5,12 @@ forward-only pipeline (`runtime.forward_pipeline`): several batches in flight, e
 busy on its own device, results consumed in order in the caller's thread.
 """
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import batching, input_checks
 from tf_spectrain.runtime import forward_pipeline, iterators
-from tf_spectrain.runtime.bookkeeping import metric_logs
+from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
 from tf_spectrain.runtime.graphs import as_list, graph_function, one_or_list
 
 
@@ -36,26 +35,26 @@ def infer(runners, x):
 class Evaluator:
     """Computes a pipeline's loss and metrics on data, as a forward-only pipeline.
 
-    Made once per `compile`: its loss tracker and metric copies (on the last stage's
-    device) are reset at every call, and its per-batch update is one graph function,
-    traced once per batch shape, so `evaluate` and every epoch's validation reuse it.
+    Made once per `compile`: its `bookkeeping.BatchLogs` (a loss tracker and metric copies
+    on the last stage's device, made at the first call) is reset at every call, and its
+    per-batch update is one graph function, traced once per batch shape, so `evaluate` and
+    every epoch's validation reuse it.
 
     Args:
         runners: the stages' `StageRunner`s, in order.
         model: the wrapped Keras model (to check the data).
         loss: the compiled loss.
-        metrics: the compiled metrics; fresh copies are made from their configs, so the
-            training metrics are left alone.
+        metrics: the compiled metrics (or `outputs.OutputMetrics`); fresh copies are made
+            from their configs, so the training metrics are left alone.
     """
 
     def __init__(self, runners, model, loss, metrics):
         self.runners = runners
         self.model = model
         self.loss = loss
+        self.compiled_metrics = metrics
         self.device = runners[-1].device
-        with tf.device(self.device):
-            self.tracker = keras.metrics.Mean(name="loss")
-            self.metrics = [m.__class__.from_config(m.get_config()) for m in metrics]
+        self.logs = None  # made at the first call, once the data have built the loss
         self._update = graph_function(self._update_state)
 
     def _update_state(self, labels, outputs, penalties):
@@ -63,9 +62,7 @@ class Evaluator:
             predictions = one_or_list(outputs)
             total = self.loss(labels, predictions) + tf.add_n(penalties)
             size = tf.shape(tf.nest.flatten(labels)[0])[0]
-            self.tracker.update_state(total, sample_weight=size)
-            for m in self.metrics:
-                m.update_state(labels, predictions)
+            self.logs.update(total, size, [(labels, predictions)])
 
     def _consume(self, result):
         self._update(result.extra, result.outputs, result.penalties)
@@ -95,11 +92,12 @@ class Evaluator:
         names = input_checks.validation_names(y) if names is None else names
         ds = batching.dataset(self.model, self.loss, x, y, batch_size, shuffle=False,
                               names=names)
-        self.tracker.reset_state()
-        for m in self.metrics:
-            m.reset_state()
+        if self.logs is None:
+            with tf.device(self.device):
+                self.logs = BatchLogs(fresh_metrics(self.compiled_metrics))
+        self.logs.reset()
         _run(self.runners, ds, _labelled, self._consume, pipelined)
-        return metric_logs(self.tracker, self.metrics)
+        return self.logs.result()
 
 
 def _labelled(element):
