@@ -169,3 +169,31 @@ def test_global_clipnorm_is_refused_outside_sync_with_the_reason_and_the_fix(mod
         pipe.compile(optimizer=SpecTrainSGD(0.1, momentum=0.9, global_clipnorm=1.0),
                      loss="sparse_categorical_crossentropy")
     assert "clipnorm" in str(info.value) and f"mode={mode!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("micro_batches", [2, 4])
+def test_micro_batches_count_every_stages_layer_losses_once(micro_batches):
+    # Weight regularizers on the first and middle stages, an activity regularizer (Keras
+    # divides it by the batch size) on the middle one: M micro-batches must add them up
+    # to what one whole mini-batch gives, as Keras' fit computes them.
+    keras.utils.set_random_seed(4)
+    reg = keras.regularizers.L2(0.05)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="tanh", name="a", kernel_regularizer=reg)(inputs)
+    h = keras.layers.Dense(8, activation="tanh", name="b", kernel_regularizer=reg,
+                           activity_regularizer=keras.regularizers.L1(0.02))(h)
+    outputs = keras.layers.Dense(3, name="c")(h)
+    model = keras.Model(inputs, outputs)
+    w0 = model.get_weights()
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(32, 6)).astype("float32"), rng.integers(0, 3, 32)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pipe = PipelineModel(model, cuts=["a", "b"], mode="sync", micro_batches=micro_batches)
+    pipe.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.5), loss=loss)
+    history = pipe.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(w0)
+    reference.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.5), loss=loss)
+    expected = reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert rel_error(model.get_weights(), reference.get_weights(), w0) < 1e-5
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)

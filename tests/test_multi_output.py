@@ -169,6 +169,10 @@ def test_dict_outputs_are_named_by_their_keys():
     assert rel_error(model.get_weights(), reference.get_weights(), w0) < 1e-5
     _assert_logs_equal(got, want)
     assert "a_accuracy" in got and "b_loss" in got
+    predicted, expected = pipe.predict(x, verbose=0), reference.predict(x, verbose=0)
+    assert isinstance(predicted, dict) and predicted.keys() == expected.keys() == {"a", "b"}
+    for name in expected:
+        np.testing.assert_allclose(predicted[name], expected[name], atol=1e-5)
 
 
 def test_stash_trains_two_outputs_and_evaluates_as_the_wrapped_model():

@@ -473,7 +473,9 @@ class PipelineModel:
             verbose: accepted for Keras compatibility; nothing is printed.
 
         Returns:
-            The model's outputs for all of `x`, concatenated along the batch axis.
+            The model's outputs for all of `x`, concatenated along the batch axis: an
+            array, or for several outputs one array each, in the model's output structure
+            (a list, or a dict by output name), as Keras' `predict` returns them.
 
         Raises:
             TypeError: if `x` is not arrays or a dataset.
@@ -484,4 +486,4 @@ class PipelineModel:
         input_checks.check_verbose(verbose)
         ds, is_dataset = inference.predict_dataset(self.model, x, batch_size)
         self.copy_weights_to_stages()
-        return inference.collect_outputs(runners, ds, is_dataset)
+        return inference.collect_outputs(runners, ds, is_dataset, structure=self.model.output)

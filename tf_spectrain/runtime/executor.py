@@ -194,17 +194,21 @@ class EpochRun:
                 if not last:
                     self.labels.put((y, share))
             else:
-                x = self.activations[k - 1].get()
-                if isinstance(x, str) and x == STOP:
+                handed = self.activations[k - 1].get()
+                if isinstance(handed, str) and handed == STOP:
                     self._stop_here(k, op.batch)
                     return op.batch
+                x, share = handed
             if last:
                 if k > 0:
                     y, share = self.labels.get()
                 loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
                 losses.setdefault(op.batch, []).append((loss, logits, y))
             else:
-                self.activations[k].put(runner.forward(key, x, self.keep[k](key)))
+                # Every stage weighs its layer losses by the micro-batch's share, so that
+                # a mini-batch's M micro-batches add them up once, as the loss is.
+                outputs = runner.forward(key, x, self.keep[k](key), scale=share)
+                self.activations[k].put((outputs, share))
         elif op.kind == schedule.BACKWARD:
             grads_out = None if last else self.gradients[k].get()
             grads_in = runner.backward(key, grads_out)

@@ -5,6 +5,7 @@ forward-only pipeline (`runtime.forward_pipeline`): several batches in flight, e
 busy on its own device, results consumed in order in the caller's thread.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -162,7 +163,7 @@ def _predict_inputs(is_dataset):
     return split
 
 
-def collect_outputs(runners, ds, is_dataset, pipelined=True):
+def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None):
     """Runs `ds` through the stages in inference mode, as a forward-only pipeline.
 
     Each batch's outputs are read back once, in the caller's thread, while the stages
@@ -173,10 +174,13 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True):
         ds: the batches, from `predict_dataset`.
         is_dataset: whether `x` was a dataset (then `(x, y[, w])` batches give their `x`).
         pipelined: False runs the stages one after another in this thread instead.
+        structure: the model's output structure (`model.output`), to return the arrays
+            in it (a dict for a model with a dict of outputs, as Keras' `predict`); None
+            for a list.
 
     Returns:
         The outputs of all batches concatenated along the batch axis: one NumPy array for
-        a model with one output, else a list of one array per output.
+        a model with one output, else one array per output (in `structure`, or a list).
 
     Raises:
         ValueError: if `ds` yields no batch.
@@ -190,4 +194,6 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True):
     if not outputs:
         raise ValueError("`x` is empty: the dataset yielded no batch.")
     joined = [np.concatenate(parts, axis=0) for parts in zip(*outputs)]
+    if structure is not None and len(joined) > 1:
+        return keras.tree.pack_sequence_as(structure, joined)
     return one_or_list(joined)

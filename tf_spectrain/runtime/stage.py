@@ -202,8 +202,8 @@ class StageRunner:
             keep_activations: True when the backward will use the same weights as this
                 forward, so the forward's activations are kept for it.
             labels: on the last stage, the labels; else None.
-            scale: on the last stage, the factor the loss is multiplied by (the micro-batch's
-                share of the mini-batch).
+            scale: the micro-batch's share of the mini-batch: the factor the stage's layer
+                losses (and, on the last stage, the loss) are multiplied by.
 
         Returns:
             The output tensors to hand to the next stage (a list); on the last stage
