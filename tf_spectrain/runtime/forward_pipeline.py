@@ -156,12 +156,19 @@ def run_forward(runners, dataset, split, consume, window=None):
         split: `element -> (inputs, extra)`: the model inputs of a batch and what to keep
             beside them for `consume` (e.g. the labels).
         consume: called in the caller's thread with each `ForwardResult`, in data order.
-        window: the most batches in flight at once; None means `len(runners) + 2`.
+        window: the most batches in flight at once, an int >= 1; None means
+            `len(runners) + 2`.
 
     Returns:
         The number of batches run.
+
+    Raises:
+        ValueError: for a bad `window`.
     """
-    window = len(runners) + 2 if window is None else int(window)
+    window = len(runners) + 2 if window is None else window
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"`window` must be an int >= 1 (batches in flight). Received: "
+                         f"window={window!r}")
     count = [0]
 
     def counted(result):

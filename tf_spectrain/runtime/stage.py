@@ -15,22 +15,34 @@ from tf_spectrain import compile_utils
 from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
 
 
-def _with_penalty(grads_out):
-    """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is."""
-    if grads_out is None:
-        return None  # last stage: every output is a scalar part of the loss
-    return list(grads_out) + [tf.ones((), tf.float32)]
+def _with_penalty(grads_out, loss_scale=None):
+    """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is.
+
+    With a `loss_scale` (the optimizer's `loss_scale_factor`), the loss and the penalty are
+    scaled by it, as `keras.Model.fit` scales the loss; the optimizer divides it out.
+    """
+    if grads_out is None:  # last stage: every output is a scalar part of the loss
+        return None if loss_scale is None else [loss_scale, loss_scale]
+    one = 1.0 if loss_scale is None else loss_scale
+    return list(grads_out) + [tf.constant(one, tf.float32)]
+
+
+def _wide_dtype(grads):
+    """float64 if any of `grads` is, else float32: the dtype of their norms."""
+    return tf.float64 if any(g.dtype == tf.float64 for g in grads) else tf.float32
 
 
 def _square_norm(grads):
-    """The sum of the squares of every element of `grads`, as a float32 scalar."""
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads])
+    """The sum of the squares of every element of `grads` (float64 if any of them is)."""
+    dtype = _wide_dtype(grads)
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, dtype))) for g in grads])
 
 
 def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
     """Scales `grads` as Keras' `clip_by_global_norm` does, from all stages' squared norms."""
-    norm = tf.sqrt(tf.add_n([tf.cast(x, tf.float32) for x in squares]))
-    if loss_scale_factor is not None:  # Keras clips the unscaled gradients
+    dtype = _wide_dtype(grads)
+    norm = tf.sqrt(tf.add_n([tf.cast(x, dtype) for x in squares]))
+    if loss_scale_factor is not None:  # the gradients are scaled; Keras clips unscaled ones
         norm = norm / loss_scale_factor
     scale = clipnorm * tf.minimum(1.0 / norm, 1.0 / clipnorm)
     scale = scale + (norm - norm)  # NaN when the norm is not finite, as in Keras
@@ -100,6 +112,11 @@ class StageRunner:
         self.skip_non_finite = False
         self.global_clipnorm = None  # set by `clip_globally`
         self._attempts = 0  # updates asked for (applied or skipped)
+        self._ever_skipping = False  # whether `skipped` may be above 0
+        # Keras' `loss_scale_factor`: `fit` scales the loss by it, the optimizer divides
+        # the gradients by it; the backward scales the loss's output gradients (one place).
+        factor = getattr(optimizer, "loss_scale_factor", None)
+        self._loss_scale = None if factor is None else float(factor)
         with tf.device(device):
             self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.probe = None
@@ -161,7 +178,7 @@ class StageRunner:
             grads = tape.gradient(
                 outputs + [penalty],
                 weights + self._input_targets(inputs),
-                output_gradients=_with_penalty(grads_out),
+                output_gradients=_with_penalty(grads_out, self._loss_scale),
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
             return grads[: len(weights)], grads[len(weights) :]
@@ -263,7 +280,7 @@ class StageRunner:
                 grads = record.tape.gradient(
                     record.outputs,
                     self._tf_trainable + self._input_targets(record.inputs),
-                    output_gradients=_with_penalty(grads_out),
+                    output_gradients=_with_penalty(grads_out, self._loss_scale),
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
                 n = len(self._tf_trainable)
@@ -315,6 +332,7 @@ class StageRunner:
         if learning_rate is not None:
             self.optimizer.learning_rate = learning_rate
         self._attempts += 1
+        self._ever_skipping = self._ever_skipping or self.skip_non_finite
         if self.trainable:  # a stage without weights (e.g. only padding) has no update
             self._apply_fn(pending, list(squares or []), self.skip_non_finite)
         self.timeline.append(("update", None, start, time.perf_counter()))
@@ -355,8 +373,8 @@ class StageRunner:
 
     @property
     def updates(self):
-        """Updates applied so far (reads the device when `skip_non_finite` is on)."""
-        return self._attempts - (self.skipped if self.skip_non_finite else 0)
+        """Updates applied so far (reads the device once an update could be skipped)."""
+        return self._attempts - (self.skipped if self._ever_skipping else 0)
 
     def infer(self, inputs):
         """Inference forward (training=False) at the current weights.

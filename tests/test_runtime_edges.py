@@ -1,10 +1,11 @@
-"""Review of issue 13: adversarial cases for the learning-rate board, the feed/begin gate,
-global clipping, on_nan="skip" in the update's graph, and the forward-only pipeline.
+"""Adversarial cases of the runtime (written as issue 13's review): the learning-rate board,
+the feed/begin gate, global clipping, on_nan="skip" in the update's graph, loss scaling,
+and the forward-only pipeline.
 
 Every fit runs in a thread joined with a timeout, so a hang fails the test instead of
 hanging the suite.
 
-At the review (HEAD 9b2419a) these fail, each proving a bug:
+At the review (HEAD 9b2419a) these failed, each proving a bug since fixed:
 - test_updates_counts_applied_updates_across_fits_with_different_on_nan
 - test_global_clipnorm_of_a_float64_model_with_a_huge_gradient_equals_keras
 - test_global_clipnorm_of_a_float64_model_equals_keras_to_float64_precision
@@ -122,8 +123,7 @@ def _iterations(pipe):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("stop", [("end", 0), ("end", 2), ("begin", 0), ("begin", 3),
-                                  ("end", 7)])
+@pytest.mark.parametrize("stop", [("end", 2), ("begin", 0), ("end", 7)])
 def test_stop_from_a_callback_keeps_keras_order_and_every_fed_batch_updates(mode, stop):
     pipe, _ = _pipe(mode)
     kind, at = stop
@@ -139,14 +139,13 @@ def test_stop_from_a_callback_keeps_keras_order_and_every_fed_batch_updates(mode
     assert _iterations(pipe) == [fed] * 3
 
 
-@pytest.mark.parametrize("mode, micro_batches", [("sync", 1), ("sync", 2), ("stash", 1),
-                                                 ("spectrain", 1)])
+@pytest.mark.parametrize("mode, micro_batches", [("sync", 2), ("spectrain", 1)])
 def test_stop_from_another_thread_at_random_times_never_hangs_or_loses_a_begin(
     mode, micro_batches
 ):
     x, y = _data(64)
     rng = np.random.default_rng(1)
-    for trial in range(6):
+    for trial in range(3):
         pipe, _ = _pipe(mode, micro_batches=micro_batches)
         order = _Order(sleep=0.002)
         delay = float(rng.uniform(0.0, 0.15))
@@ -180,8 +179,7 @@ def test_stop_set_in_on_epoch_begin_runs_exactly_one_batch_as_keras():
     assert _iterations(pipe) == [1, 1, 1]
 
 
-@pytest.mark.parametrize("mode", ["sync", "spectrain"])
-@pytest.mark.parametrize("at", [0, 1, 5])
+@pytest.mark.parametrize("mode, at", [("sync", 0), ("spectrain", 1), ("sync", 5)])
 def test_an_error_in_on_train_batch_begin_ends_fit_with_that_error(mode, at):
     pipe, _ = _pipe(mode)
     order = _Order(raise_at_begin=at)
@@ -228,8 +226,8 @@ def _close(got, expected):
         assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
-@pytest.mark.parametrize("num_stages", [1, 2, 4])
-@pytest.mark.parametrize("batch_size", [5, 32, 64])  # short last batch; exactly one; one short
+@pytest.mark.parametrize("num_stages, batch_size", [(1, 5), (2, 32), (4, 64)])  # short
+# last batch; exactly one batch; one short batch
 def test_evaluate_and_predict_equal_keras_for_1_2_and_4_stages(num_stages, batch_size):
     pipe, model = _eval_pipe(num_stages)
     x, y = _data()
@@ -608,7 +606,7 @@ class _PipeStopper(_Order):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("at", [0, 2])
+@pytest.mark.parametrize("at", [2])
 def test_request_stop_called_in_on_train_batch_begin(mode, at):
     pipe, _ = _pipe(mode)
     order = _PipeStopper(at)
@@ -874,8 +872,7 @@ class _Warmup(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = 0.05 * (1 + batch % 3)
 
 
-@pytest.mark.parametrize("num_stages", [1, 2, 4])
-@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("num_stages, micro_batches", [(1, 1), (2, 2), (4, 1)])
 def test_sync_batch_rates_and_global_clipnorm_for_1_2_and_4_stages_equal_keras(
     num_stages, micro_batches
 ):
