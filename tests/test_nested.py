@@ -361,11 +361,17 @@ def sync_vs_keras(model, x, y, cuts):
     reference.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), LOSS)
     w0 = model.get_weights()
     ref_history = reference.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
-    pipe = PipelineModel(model, cuts=cuts, mode="sync")
+    planned = cuts == "auto"
+    pipe = PipelineModel(model, cuts=cuts, mode="sync", num_stages=3 if planned else None,
+                         profile_batch_size=len(x))
     pipe.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), LOSS)
     history = pipe.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
     assert pipe.model is model
-    assert pipe.num_stages == len(cuts) + 1
+    assert pipe.num_stages == (3 if planned else len(cuts) + 1)
+    if planned:  # the planned cuts are layers of the flattened model, in order
+        names = read_graph(model).names
+        positions = [names.index(c) for c in pipe.cuts]
+        assert pipe.cuts == pipe.partition_plan.cuts and positions == sorted(positions)
     np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
     return w0, model.get_weights(), reference.get_weights()
 
@@ -378,6 +384,7 @@ def sync_vs_keras(model, x, y, cuts):
         (with_sequential, SHAPE, ["s_bn"]),
         (sequential_of_base, SHAPE, ["b_conv2"]),
         (lambda: nested(training=False), SHAPE, ["b_relu"]),
+        (two_level, (8, 8, 2), "auto"),  # planned cuts inside two levels of nesting
     ],
 )
 def test_sync_step_equals_keras_fit(build, shape, cuts):
