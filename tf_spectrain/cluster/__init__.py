@@ -1,0 +1,11 @@
+"""Several hosts: cluster specs, the worker's server, and the trainer's connection.
+
+- `spec`: `--cluster h0:p0,h1:p1,...` and `TF_CONFIG` (pure Python).
+- `sockets`: what a process listens on (`/proc`), whether an address accepts connections.
+- `server`: the TensorFlow server of one worker (`python -m tf_spectrain.worker`).
+- `record`: the versions record a worker publishes in a TensorFlow variable.
+- `connect`: `connect_cluster`, the trainer's side.
+
+TensorFlow's server runs any graph sent by anyone who can reach its port, and TensorFlow
+2.21 listens on every interface: use trusted networks only.
+"""
