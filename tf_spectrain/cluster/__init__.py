@@ -9,3 +9,28 @@
 TensorFlow's server runs any graph sent by anyone who can reach its port, and TensorFlow
 2.21 listens on every interface: use trusted networks only.
 """
+
+from tf_spectrain.cluster.connect import check_versions, connect_cluster
+from tf_spectrain.cluster.server import WildcardBindError, WorkerServer, start_worker
+from tf_spectrain.cluster.spec import (
+    Cluster,
+    parse_cluster,
+    parse_tf_config,
+    stage_devices,
+    trainer_cluster,
+    worker_slot,
+)
+
+__all__ = [
+    "Cluster",
+    "WildcardBindError",
+    "WorkerServer",
+    "check_versions",
+    "connect_cluster",
+    "parse_cluster",
+    "parse_tf_config",
+    "stage_devices",
+    "start_worker",
+    "trainer_cluster",
+    "worker_slot",
+]
