@@ -14,12 +14,14 @@ from tf_spectrain import (
     callbacks,
     checkpoint,
     checkpoint_store,
+    cluster,
     costmodel,
     data,
     models,
     partition,
     schedule,
 )
+from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.devices import setup_devices
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
@@ -33,6 +35,8 @@ __all__ = [
     "callbacks",
     "checkpoint",
     "checkpoint_store",
+    "cluster",
+    "connect_cluster",
     "costmodel",
     "data",
     "models",

@@ -1,0 +1,36 @@
+"""Several hosts: cluster specs, the worker's server, and the trainer's connection.
+
+- `spec`: `--cluster h0:p0,h1:p1,...` and `TF_CONFIG` (pure Python).
+- `sockets`: what a process listens on (`/proc`), whether an address accepts connections.
+- `server`: the TensorFlow server of one worker (`python -m tf_spectrain.worker`).
+- `record`: the versions record a worker publishes in a TensorFlow variable.
+- `connect`: `connect_cluster`, the trainer's side.
+
+TensorFlow's server runs any graph sent by anyone who can reach its port, and TensorFlow
+2.21 listens on every interface: use trusted networks only.
+"""
+
+from tf_spectrain.cluster.connect import check_versions, connect_cluster
+from tf_spectrain.cluster.server import WildcardBindError, WorkerServer, start_worker
+from tf_spectrain.cluster.spec import (
+    Cluster,
+    parse_cluster,
+    parse_tf_config,
+    stage_devices,
+    trainer_cluster,
+    worker_slot,
+)
+
+__all__ = [
+    "Cluster",
+    "WildcardBindError",
+    "WorkerServer",
+    "check_versions",
+    "connect_cluster",
+    "parse_cluster",
+    "parse_tf_config",
+    "stage_devices",
+    "start_worker",
+    "trainer_cluster",
+    "worker_slot",
+]
