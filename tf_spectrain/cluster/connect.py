@@ -23,8 +23,8 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import checks
+from tf_spectrain.cluster import health, sockets, spec
 from tf_spectrain.cluster import record as record_lib
-from tf_spectrain.cluster import sockets, spec
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -189,4 +189,5 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
     devices = spec.stage_devices(names, cluster, devices_per_worker)
     if versions:
         check_versions(cluster)
+    health.remember(cluster)
     return devices

@@ -8,7 +8,10 @@ trained weights are then copied back into the wrapped model before `on_epoch_end
 
 import time
 
+import tensorflow as tf
+
 from tf_spectrain import schedule
+from tf_spectrain.cluster import health
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.state import op_lists
 
@@ -154,16 +157,22 @@ class FitLoop:
 
         self._run = run
         started = time.perf_counter()
+        lost = False
         try:
             if pipe.model.stop_training:
                 run.request_stop()  # stopped from outside before this epoch began
             run.run(on_batch, on_begin)
-        except BaseException:
+        except BaseException as error:
             for runner in pipe.runners:
                 runner.probe = None  # measurements belong to this fit's callbacks
+            lost = isinstance(error, tf.errors.UnavailableError)
+            note = health.lost_workers_note(pipe.devices) if lost else None
+            if note is not None and hasattr(error, "add_note"):
+                error.add_note(note)
             raise
         finally:
             self._run = None
             progress.epoch_seconds = time.perf_counter() - started
             pipe.epochs_trained += 1
-            pipe.copy_weights_to_model()
+            if not lost:  # a stage's device is gone: its weights cannot be read back
+                pipe.copy_weights_to_model()

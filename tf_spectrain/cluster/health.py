@@ -1,0 +1,66 @@
+"""Which workers are gone, said in the terms of the pipeline: `lost_workers_note`.
+
+When a stage's remote op fails with `UnavailableError` (a worker process died; TensorFlow
+reports it within a fraction of a second), the training loop asks which workers of the
+connected cluster no longer accept connections and names each with its address and the
+stages it held.
+"""
+
+import re
+
+from tf_spectrain.cluster import sockets, spec
+
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+_CONNECTED = []  # the Cluster of the last connect_cluster call of this process
+
+
+def remember(cluster):
+    """Records the cluster this process connected to (`connect_cluster` calls it)."""
+    _CONNECTED[:] = [cluster]
+
+
+def connected_cluster():
+    """The `Cluster` of this process' last `connect_cluster`, or None."""
+    return _CONNECTED[0] if _CONNECTED else None
+
+
+def task_of(device):
+    """The worker task index in a device name (`/job:worker/replica:0/task:1/...`), or None."""
+    found = _TASK.search(device or "")
+    return int(found.group(1)) if found else None
+
+
+def lost_workers_note(devices, cluster=None, timeout=1.0):
+    """Names the workers, among those holding stages, that no longer accept connections.
+
+    Args:
+        devices: the stages' device names, stage 0 first.
+        cluster: the `Cluster`; None for this process' connected cluster.
+        timeout: seconds to try each worker's address.
+
+    Returns:
+        A note such as `"(tf_spectrain: worker task 1 (127.0.0.1:2223), which held stages
+        2 and 3, no longer accepts connections: connection refused)"`, or None when no
+        worker holds a stage or every one still answers.
+    """
+    cluster = connected_cluster() if cluster is None else cluster
+    if cluster is None:
+        return None
+    held = {}
+    for k, device in enumerate(devices):
+        task = task_of(device)
+        if task is not None and task < cluster.num_workers:
+            held.setdefault(task, []).append(k)
+    lost = []
+    for task, stages in sorted(held.items()):
+        host, port = spec.split_address(cluster.workers[task])
+        reason = sockets.wait_until_listening(host, int(port), timeout)
+        if reason is not None:
+            which = (f"stage {stages[0]}" if len(stages) == 1 else
+                     "stages " + ", ".join(map(str, stages[:-1])) + f" and {stages[-1]}")
+            lost.append(f"worker {cluster.describe(task)}, which held {which}, no longer "
+                        f"accepts connections: {reason}")
+    if not lost:
+        return None
+    return ("(tf_spectrain: " + "; ".join(lost) + ". Restart the worker and resume from "
+            "the last checkpoint: train.py --resume, or restore_checkpoint.)")
