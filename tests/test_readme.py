@@ -50,9 +50,22 @@ def test_readme_cli_examples_parse(line, tmp_path, monkeypatch):
     assert args.model
 
 
+NEEDS = "# needs running workers"  # marks the several-hosts example
+
+
+def test_the_several_hosts_example_is_what_the_remote_pipeline_test_runs():
+    # It cannot run here (it needs workers on those hosts); the test with workers on
+    # 127.0.0.1 (tests/remote_pipeline_child.py) makes the same calls.
+    (block,) = [b for lang, b in BLOCKS if lang == "python" and NEEDS in b]
+    child = open(os.path.join(ROOT, "tests", "remote_pipeline_child.py")).read()
+    assert "tf_spectrain.connect_cluster(" in block and "connect_cluster(args.cluster" in child
+    assert "PipelineModel(model, devices=devices)" in block
+    assert "PipelineModel(model, cuts=" in child and "devices=devices" in child
+
+
 def test_readme_python_examples_run(tmp_path, monkeypatch):
     """The API example, then the resume example, run one after the other."""
-    code = "\n".join(block for lang, block in BLOCKS if lang == "python")
+    code = "\n".join(block for lang, block in BLOCKS if lang == "python" and NEEDS not in block)
     # The same code on a small model and a slice of the data, so that it runs in seconds.
     replacements = [
         ('get_model("vgg16"', 'get_model("small_cnn"'),
