@@ -20,7 +20,51 @@ def test_the_parser_takes_its_defaults_from_the_fields():
     fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     assert set(parsed) == set(fields) - {"verbose"}  # verbose is no flag
     assert parsed == {name: fields[name] for name in parsed}
-    assert (fields["model"], fields["gpus"], fields["mode"]) == ("vgg16", 4, "spectrain")
+    assert (fields["model"], fields["gpus"], fields["mode"]) == ("vgg16", None, "spectrain")
+    assert RunConfig().gpus == 4  # without --cluster
+    assert RunConfig().num_devices == 4
+
+
+CLUSTER = "127.0.0.1:2222,127.0.0.1:2223"
+
+
+@pytest.mark.parametrize(
+    "settings, stages",
+    [
+        (dict(cluster=CLUSTER), 2),
+        (dict(cluster=CLUSTER, gpus_per_host=3), 6),
+        (dict(cluster=CLUSTER, gpus_per_host=2, cuts=("a", "b", "c")), 4),
+    ],
+)
+def test_a_cluster_run_has_workers_times_gpus_per_host_stages(settings, stages):
+    config = RunConfig(model="mlp", mode="sync", **settings)
+    assert config.gpus is None and config.num_devices == stages
+    assert config.trainer_cluster.workers == ("127.0.0.1:2222", "127.0.0.1:2223")
+
+
+def test_the_cluster_can_come_from_tf_config(monkeypatch):
+    tf_config = '{"cluster": {"worker": ["10.0.0.1:2222"], "chief": ["10.0.0.9:2222"]}, ' \
+        '"task": {"type": "chief", "index": 0}}'
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    config = RunConfig(model="mlp", mode="stash", cluster="TF_CONFIG", gpus_per_host=2)
+    assert config.num_devices == 2 and config.trainer_cluster.chief == "10.0.0.9:2222"
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(cluster=CLUSTER, gpus=2), "--gpus cannot go with --cluster"),
+        (dict(gpus_per_host=2), "without --cluster use --gpus"),
+        (dict(cluster=CLUSTER, mode="dp"), "needs one of the modes"),
+        (dict(cluster=CLUSTER, gpus_per_host=0), "--gpus-per-host"),
+        (dict(cluster="127.0.0.1"), "host:port"),
+        (dict(cluster=CLUSTER, cuts=("a", "b")), "gives 2 devices: give 1 cut layers"),
+    ],
+)
+def test_bad_cluster_settings_are_refused_before_anything_starts(settings, message):
+    settings = dict(dict(model="mlp", mode="sync"), **settings)
+    with pytest.raises((ValueError, TypeError), match=message):
+        RunConfig(**settings)
 
 
 def test_default_paths_are_resolved():

@@ -68,3 +68,23 @@ def test_a_killed_worker_makes_fit_fail_at_once_naming_it(doomed_workers):
     assert f"worker task 1 ({address}), which held stages 2 and 3" in notes
     assert "resume" in notes
     assert not [t for t in result["threads"] if t.startswith("stage-")]
+
+
+def test_train_py_trains_on_the_workers_and_resumes(workers, tmp_path):
+    cluster, _ = workers
+    flags = ["--cluster", cluster, "--gpus-per-host", "2", "--model", "mlp", "--mode",
+             "stash", "--cuts", "auto", "--batch-size", "16", "--limit", "64",
+             "--logdir", tmp_path / "run", "--export", "none"]
+
+    def train(*more):
+        done = subprocess.run([sys.executable, "train.py", *map(str, flags), *more],
+                              capture_output=True, text=True, env=child_env(),
+                              cwd=HERE.parent, timeout=240)
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+        return done.stdout
+
+    out = train("--epochs", "1")
+    assert "connected to 2 workers; stages on /job:worker/replica:0/task:0/device:CPU:0" in out
+    assert "test accuracy" in out
+    resumed = train("--epochs", "2", "--resume")  # a new trainer process, same workers
+    assert "test accuracy" in resumed and "--resume: using the checkpoint's cuts" in resumed

@@ -53,7 +53,15 @@ def build_parser():
         p.add_argument(flag(name), **kwargs)
 
     add("model", help="model builder (see --help for the list)")
-    add("gpus", type=int, help="number of devices to use")
+    add("gpus", type=int, help="number of devices to use (4 when neither --gpus nor "
+        "--cluster is given)")
+    add("cluster", help="train on worker processes (`python -m tf_spectrain.worker`) at "
+        "these addresses h0:p0,h1:p1,...: the stages are every worker's devices in order, "
+        "worker 0's first; 'TF_CONFIG' reads the cluster from that environment variable "
+        "(the trainer is then its chief, or holds no slot)")
+    add("gpus_per_host", type=int, help="with --cluster: the devices of each worker that "
+        "hold stages (its GPUs, or on a CPU-only worker its logical CPU devices, see the "
+        "worker's --cpu-devices); 1 when not given")
     add("mode", help=MODE_HELP)
     add(
         "cuts",

@@ -12,9 +12,12 @@ import os
 import time
 
 from tf_spectrain import checks, data, input_checks, models, modes
+from tf_spectrain.cluster import spec as cluster_spec
 
 ON_NAN = modes.ON_NAN
 MAX_DEVICES = 64
+DEFAULT_GPUS = 4  # --gpus without --cluster
+TF_CONFIG = "TF_CONFIG"  # --cluster TF_CONFIG: read the cluster from that variable
 MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
 SWITCHES = ("download", "graph", "histograms", "resume")
@@ -75,7 +78,9 @@ class RunConfig:
     """
 
     model: str = "vgg16"
-    gpus: int = 4
+    gpus: int | None = None  # None: DEFAULT_GPUS without --cluster
+    cluster: str | None = None
+    gpus_per_host: int | None = None  # None: 1 with --cluster
     mode: str = "spectrain"
     cuts: tuple[str, ...] | str = "auto"
     spectrain_target: str = "paper"
@@ -105,6 +110,8 @@ class RunConfig:
     verbose: int | str = "auto"
 
     def __post_init__(self):
+        if self.gpus is None and self.cluster is None:
+            object.__setattr__(self, "gpus", DEFAULT_GPUS)
         if self.cuts is None:
             object.__setattr__(self, "cuts", "auto")
         if isinstance(self.cuts, list):
@@ -118,6 +125,22 @@ class RunConfig:
             raise (ConfigTypeError if wrong_types else ConfigError)([str(p) for p in problems])
         for name, value in _resolved_paths(self).items():
             object.__setattr__(self, name, value)
+
+
+    @property
+    def trainer_cluster(self):
+        """The `tf_spectrain.cluster.Cluster` of `--cluster` (read from `TF_CONFIG` for
+        `--cluster TF_CONFIG`), or None without `--cluster`."""
+        if self.cluster is None:
+            return None
+        return cluster_spec.trainer_cluster(None if self.cluster == TF_CONFIG else self.cluster)
+
+    @property
+    def num_devices(self):
+        """The devices the run trains on: `--gpus`, or workers x `--gpus-per-host`."""
+        if self.cluster is None:
+            return self.gpus
+        return self.trainer_cluster.num_workers * (self.gpus_per_host or 1)
 
 
 def as_run_config(settings):
@@ -163,14 +186,11 @@ def _problems(config):
     p.check(checks.check_one_of, "--model", c.model, models.model_names())
     p.check(checks.check_one_of, "--dataset", c.dataset, data.dataset_names())
     p.check(checks.check_one_of, "--mode", c.mode, modes.ALL_MODES)
-    gpus_ok = p.check(checks.check_int, "--gpus", c.gpus, 1)
+    devices_ok = _check_devices(p, c)
     p.check(checks.check_int, "--epochs", c.epochs, 1)
     batch_ok = p.check(checks.check_int, "--batch-size", c.batch_size, 1)
-    if gpus_ok and c.gpus > MAX_DEVICES:
-        p.check(checks.check_int, "--gpus", c.gpus, maximum=MAX_DEVICES,
-                valid=f"at most {MAX_DEVICES}", meaning="one device per pipeline stage")
     p.check(checks.check_one_of, "--spectrain-target", c.spectrain_target, modes.TARGETS)
-    _check_pipeline_flags(p, c, batch_ok)
+    _check_pipeline_flags(p, c, batch_ok, devices_ok)
     if c.limit is not None:
         p.check(checks.check_int, "--limit", c.limit, 1)
     p.check(checks.check_number, "--lr", c.lr, 0, strict=True)
@@ -188,8 +208,45 @@ def _problems(config):
     return p
 
 
-def _check_pipeline_flags(p, c, batch_ok):
-    """--micro-batches and --cuts, against --mode, --batch-size and --gpus."""
+def _check_devices(p, c):
+    """--gpus, or --cluster with --gpus-per-host; True when the number of devices is known."""
+    if c.cluster is None:
+        if c.gpus_per_host is not None:
+            p.add("--gpus-per-host sets the devices of each --cluster worker; without "
+                  f"--cluster use --gpus. Received: --gpus-per-host {c.gpus_per_host}")
+        if not p.check(checks.check_int, "--gpus", c.gpus, 1):
+            return False
+        if c.gpus > MAX_DEVICES:
+            return p.check(checks.check_int, "--gpus", c.gpus, maximum=MAX_DEVICES,
+                           valid=f"at most {MAX_DEVICES}", meaning="one device per pipeline stage")
+        return True
+    ok = True
+    if c.gpus is not None:
+        p.add("--gpus cannot go with --cluster: the stages are the workers' devices, "
+              "--gpus-per-host on each worker (workers x --gpus-per-host stages). "
+              f"Received: --gpus {c.gpus} with --cluster {c.cluster}")
+        ok = False
+    if c.gpus_per_host is not None and not p.check(checks.check_int, "--gpus-per-host",
+                                                   c.gpus_per_host, 1):
+        ok = False
+    if c.mode not in modes.PIPELINE_MODES:
+        p.add(f"--cluster places pipeline stages on the workers and needs one of the modes "
+              f"{list(modes.PIPELINE_MODES)}. Received: --cluster with --mode {c.mode}")
+        ok = False
+    try:
+        cluster = c.trainer_cluster
+    except (TypeError, ValueError) as error:
+        p.append(error)
+        return False
+    if ok and c.num_devices > MAX_DEVICES:
+        p.add(f"--cluster with --gpus-per-host {c.gpus_per_host or 1} makes {c.num_devices} "
+              f"stages ({cluster.num_workers} workers); at most {MAX_DEVICES} are allowed.")
+        ok = False
+    return ok
+
+
+def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
+    """--micro-batches and --cuts, against --mode, --batch-size and the devices."""
     if p.check(checks.check_int, "--micro-batches", c.micro_batches, 1) and c.micro_batches > 1:
         if c.mode != "sync":
             p.add(
@@ -213,10 +270,13 @@ def _check_pipeline_flags(p, c, batch_ok):
             f"Received: --cuts with --mode {c.mode}"
         )
     else:
-        if checks.is_int(c.gpus) and len(cuts) + 1 != c.gpus:
+        if devices_ok and len(cuts) + 1 != c.num_devices:
+            where = (f"--gpus is {c.gpus}" if c.cluster is None else
+                     f"--cluster with --gpus-per-host {c.gpus_per_host or 1} gives "
+                     f"{c.num_devices} devices")
             p.add(
                 f"--cuts names {len(cuts)} layers, which makes {len(cuts) + 1} stages, but "
-                f"--gpus is {c.gpus}: give {c.gpus - 1} cut layers (one stage per device). "
+                f"{where}: give {c.num_devices - 1} cut layers (one stage per device). "
                 f"Received: --cuts {','.join(cuts)}"
             )
         repeated = sorted({name for name in cuts if cuts.count(name) > 1})

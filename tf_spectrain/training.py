@@ -19,6 +19,7 @@ from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has alw
     CheckpointWriteError,
     restore_checkpoint,
 )
+from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.config import RunConfig, as_run_config
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel  # noqa: F401 - cli
 from tf_spectrain.run_callbacks import RunProgress, StopOnNonFinite
@@ -112,9 +113,16 @@ def prepare(config):
     """
     config = as_run_config(config)
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        device_names = devices.setup_devices(config.gpus)
+    if config.cluster is not None:
+        # Before anything else touches TensorFlow: connecting reconfigures its context.
+        device_names = connect_cluster(config.trainer_cluster,
+                                       devices_per_worker=config.gpus_per_host or 1)
+        print(f"connected to {config.trainer_cluster.num_workers} workers; stages on "
+              f"{', '.join(device_names)}", flush=True)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            device_names = devices.setup_devices(config.gpus)
     keras.utils.set_random_seed(config.seed)
     info = data.get_info(config.dataset)
     test_ds = data.load(
