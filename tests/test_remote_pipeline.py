@@ -6,8 +6,11 @@ the eager context that pytest's process shares with every other test.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from test_worker import HERE, Processes, child_env, free_port
@@ -70,21 +73,54 @@ def test_a_killed_worker_makes_fit_fail_at_once_naming_it(doomed_workers):
     assert not [t for t in result["threads"] if t.startswith("stage-")]
 
 
-def test_train_py_trains_on_the_workers_and_resumes(workers, tmp_path):
-    cluster, _ = workers
-    flags = ["--cluster", cluster, "--gpus-per-host", "2", "--model", "mlp", "--mode",
-             "stash", "--cuts", "auto", "--batch-size", "16", "--limit", "64",
-             "--logdir", tmp_path / "run", "--export", "none"]
-
-    def train(*more):
-        done = subprocess.run([sys.executable, "train.py", *map(str, flags), *more],
-                              capture_output=True, text=True, env=child_env(),
-                              cwd=HERE.parent, timeout=240)
-        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-        return done.stdout
-
-    out = train("--epochs", "1")
+def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_path):
+    cluster, procs = doomed_workers
+    logdir = tmp_path / "run"
+    flags = ["--gpus-per-host", "2", "--model", "mlp", "--mode", "spectrain", "--cuts",
+             "flatten,dense1,dense2", "--batch-size", "8", "--limit", "256", "--logdir", logdir,
+             "--export", "none"]
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:  # no pipe to fill up
+        trainer = subprocess.Popen(
+            [sys.executable, "train.py", "--cluster", cluster, "--epochs", "50",
+             *map(str, flags)], stdout=out, stderr=err, env=child_env(PYTHONFAULTHANDLER="1"),
+            cwd=HERE.parent)
+    try:
+        deadline = time.monotonic() + 180
+        while (not list((logdir / "checkpoints").glob("*")) and time.monotonic() < deadline
+               and trainer.poll() is None):
+            time.sleep(0.2)  # the first epoch's checkpoint
+        assert trainer.poll() is None, err_path.read_text()[-3000:]
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            trainer.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            trainer.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            trainer.wait(timeout=30)
+            pytest.fail("train.py hung after the kill:\n" + err_path.read_text()[-12000:])
+        failed_after = time.monotonic() - killed
+        out, err = out_path.read_text(), err_path.read_text()
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode != 0
+    assert failed_after < 30.0, failed_after
+    named = f"worker task 1 ({cluster.split(',')[1]}), which held stages 2 and 3"
+    assert named in out + err, err[-4000:]
+    (tmp_path / "fresh").mkdir()
+    fresh = Processes(tmp_path / "fresh")
+    try:
+        new = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        for t in (0, 1):
+            fresh.wait_line(fresh.worker(new, t, "--cpu-devices", 2, "--bind-all"),
+                            "^tf_spectrain worker: ")
+        done = subprocess.run(
+            [sys.executable, "train.py", "--cluster", new, "--epochs", "2", "--resume",
+             *map(str, flags)], capture_output=True, text=True, env=child_env(),
+            cwd=HERE.parent, timeout=240)
+    finally:
+        fresh.kill_all()
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert "connected to 2 workers; stages on /job:worker/replica:0/task:0/device:CPU:0" in out
-    assert "test accuracy" in out
-    resumed = train("--epochs", "2", "--resume")  # a new trainer process, same workers
-    assert "test accuracy" in resumed and "--resume: using the checkpoint's cuts" in resumed
+    assert "test accuracy" in done.stdout  # train.py --resume, in a new trainer process

@@ -165,8 +165,11 @@ class FitLoop:
         except BaseException as error:
             for runner in pipe.runners:
                 runner.probe = None  # measurements belong to this fit's callbacks
-            lost = isinstance(error, tf.errors.UnavailableError)
-            note = health.lost_workers_note(pipe.devices) if lost else None
+            # A worker that died fails the epoch with UnavailableError, or with another
+            # error (a cancelled receive, say) in a stage that waited on it: either way,
+            # its stages' weights can no longer be read (reading them would wait forever).
+            note = health.lost_workers_note(pipe.devices)
+            lost = note is not None or isinstance(error, tf.errors.UnavailableError)
             if note is not None and hasattr(error, "add_note"):
                 error.add_note(note)
             raise
