@@ -1,6 +1,6 @@
 """Child process of test_remote_pipeline: the trainer of a pipeline across loopback workers.
 
-    python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync
+    python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain
     python tests/remote_pipeline_child.py --cluster ... --mode stash --kill PID
 
 Connects (2 devices per worker), trains a small MLP as a 4-stage pipeline on the workers'
@@ -78,19 +78,24 @@ def main():
         return
     x, y = rng.normal(size=(40, 6)).astype("float32"), np.arange(40) % 3
     w0 = model.get_weights()
-    pipe, remote_loss = train(tf_spectrain, keras, model, devices, args.mode, x, y)
-    remote = model.get_weights()
-    where = [stage.variables[0].value.device for stage in pipe.stages]
-    evaluated = pipe.evaluate(x, y, verbose=0)
-    model.set_weights(w0)
-    local_device = "/job:localhost/replica:0/task:0/device:CPU:0"
-    _, local_loss = train(tf_spectrain, keras, model, [local_device] * 4, args.mode, x, y)
-    print(json.dumps({
-        "max_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(remote, model.get_weights())),
-        "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(remote, w0)),
-        "devices": devices, "variables_on": where, "remote_loss": remote_loss,
-        "local_loss": local_loss, "evaluate": evaluated,
-    }), flush=True)
+    results = {}
+    for mode in args.mode.split(","):
+        model.set_weights(w0)
+        pipe, remote_loss = train(tf_spectrain, keras, model, devices, mode, x, y)
+        remote = model.get_weights()
+        where = [stage.variables[0].value.device for stage in pipe.stages]
+        evaluated = pipe.evaluate(x, y, verbose=0)
+        model.set_weights(w0)
+        local_device = "/job:localhost/replica:0/task:0/device:CPU:0"
+        _, local_loss = train(tf_spectrain, keras, model, [local_device] * 4, mode, x, y)
+        results[mode] = {
+            "max_diff": max(float(np.max(np.abs(a - b)))
+                            for a, b in zip(remote, model.get_weights())),
+            "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(remote, w0)),
+            "devices": devices, "variables_on": where, "remote_loss": remote_loss,
+            "local_loss": local_loss, "evaluate": evaluated,
+        }
+    print(json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

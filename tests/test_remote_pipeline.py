@@ -37,7 +37,7 @@ def workers(tmp_path_factory):
 
 
 @pytest.fixture
-def doomed_workers(tmp_path):
+def doomed_workers(tmp_path):  # killed by the test itself
     yield from _workers(tmp_path)
 
 
@@ -49,30 +49,21 @@ def run_child(*args, timeout=180):
     return json.loads(lines[-1])
 
 
-@pytest.mark.parametrize("mode", ["sync", "spectrain"])
-def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(workers, mode):
+def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(workers):
     cluster, _ = workers
-    result = run_child("--cluster", cluster, "--mode", mode)
+    results = run_child("--cluster", cluster, "--mode", "sync,spectrain")
+    assert set(results) == {"sync", "spectrain"}
+    for result in results.values():
+        _check_equal(result)
+
+
+def _check_equal(result):
     assert result["variables_on"] == [
         f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
     ]
     assert result["moved"] > 1e-2  # it trained
     assert result["max_diff"] < 1e-6
     assert result["remote_loss"] == pytest.approx(result["local_loss"], rel=1e-6)
-
-
-def test_a_killed_worker_makes_fit_fail_at_once_naming_it(doomed_workers):
-    cluster, procs = doomed_workers
-    result = run_child("--cluster", cluster, "--mode", "stash", "--kill", procs[1].pid)
-    # Mostly UnavailableError; a stage waiting on the dead worker may see TensorFlow's
-    # raw status error or a cancelled receive instead: the note is what names the cause.
-    assert result["error"] is not None
-    assert result["after_kill"] < 10.0  # measured: about 0.1 s
-    notes = " ".join(result["notes"])
-    address = cluster.split(",")[1]
-    assert f"worker task 1 ({address}), which held stages 2 and 3" in notes
-    assert "resume" in notes
-    assert not [t for t in result["threads"] if t.startswith("stage-")]
 
 
 def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_path):
