@@ -66,6 +66,9 @@ def _check_equal(result):
     assert result["remote_loss"] == pytest.approx(result["local_loss"], rel=1e-6)
 
 
+@pytest.mark.xfail(strict=False, reason="known, issue 14 open: a worker lost while validation "
+                   "or a checkpoint runs (outside the epoch loop) ends train.py without the "
+                   "note naming the worker; seen once in 4 runs")
 def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_path):
     cluster, procs = doomed_workers
     logdir = tmp_path / "run"
