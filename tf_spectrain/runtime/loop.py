@@ -146,7 +146,7 @@ class FitLoop:
 
         def on_begin(i):
             self.callbacks.on_train_batch_begin(i)
-            return read_rate()
+            return run.wait_for(read_rate)  # a remote read that a lost worker cannot hang
 
         def on_batch(i, parts):
             self.logs.record(epoch, i, parts, self.on_nan)
