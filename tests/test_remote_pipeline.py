@@ -61,7 +61,7 @@ def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices
 def test_a_killed_worker_makes_fit_fail_at_once_naming_it(doomed_workers):
     cluster, procs = doomed_workers
     result = run_child("--cluster", cluster, "--mode", "stash", "--kill", procs[1].pid)
-    assert result["error"] == "UnavailableError"
+    assert result["error"] in ("UnavailableError", "WorkerLostError")  # whichever is first
     assert result["after_kill"] < 10.0  # measured: about 0.1 s
     notes = " ".join(result["notes"])
     address = cluster.split(",")[1]
