@@ -1,14 +1,20 @@
 """Child process of test_remote_pipeline: the trainer of a pipeline across loopback workers.
 
     python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain
-    python tests/remote_pipeline_child.py --cluster ... --mode stash --kill PID
+    python tests/remote_pipeline_child.py --cluster ... --slow 2.5 --deadline 1 --stop PID
 
 Connects (2 devices per worker), trains a small MLP as a 4-stage pipeline on the workers'
 devices, then the same pipeline from the same weights on this process' own CPU, and prints
 one JSON line: the largest weight difference, where the stages' variables live and the
-loss history. With `--kill PID`, it kills that worker (SIGKILL) during the first epoch
-instead and reports how long `fit` took to fail after the kill, the error and its notes,
-and the threads left.
+loss history.
+
+The watchdog (tf_spectrain.cluster.watchdog) instead: `--slow S` trains 2 mini-batches of
+a model whose stage 3 (worker 1's CPU:1) busies its worker for S seconds in every forward,
+with the watchdog's deadline set to `--deadline`, and reports the error (None), stage 3's
+forwards and the watchdog's checks (task, start and end times); `--stop
+PID` then stops that worker (SIGSTOP) during the first epoch of the default watchdog and
+reports how long `fit` took to fail, the error, the threads left, and, after killing the
+stopped worker (SIGKILL), the threads still left.
 """
 
 import argparse
@@ -32,6 +38,97 @@ def build(keras):
     return keras.Model(inputs, h)
 
 
+def build_slow(keras, tf, seconds):
+    """`build` with a layer before d3 (stage 3) that keeps its device busy for `seconds`."""
+    keras.utils.set_random_seed(0)
+
+    def busy(t):
+        # Matrix products until `seconds` have passed, inside the stage's tf.function.
+        start = tf.timestamp()
+        m = tf.fill([200, 200], 0.005) + 0.0 * tf.reduce_mean(t)
+        m = tf.while_loop(lambda m: tf.timestamp() - start < seconds,
+                          lambda m: [tf.tanh(tf.matmul(m, m))], [m])[0]
+        return t + 0.0 * tf.stop_gradient(tf.reduce_mean(m))
+
+    inputs = keras.Input((6,))
+    h = inputs
+    for n in range(4):
+        last = n == 3
+        if last:
+            h = keras.layers.Lambda(busy, name="busy")(h)
+        h = keras.layers.Dense(3 if last else 8, activation=None if last else "relu",
+                               name=f"d{n}")(h)
+    return keras.Model(inputs, h)
+
+
+def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, np):
+    """Trains 2 mini-batches past a busy stage 3 with watchdog deadline `deadline`."""
+    from tf_spectrain.cluster import watchdog
+
+    checks = []
+    call = watchdog.WorkerProbe.__call__
+
+    def timed(probe):
+        start = time.perf_counter()
+        call(probe)
+        checks.append((probe.task, start, time.perf_counter()))
+
+    watchdog.WorkerProbe.__call__ = timed
+    before = watchdog.configure(deadline=deadline)
+    model = build_slow(keras, tf, seconds)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 6)).astype("float32"), np.arange(16) % 3
+    try:
+        pipe, _ = train(tf_spectrain, keras, model, devices, "sync", x, y, epochs=1)
+        error = None
+    except Exception as failure:  # reported to the test, which checks it
+        pipe, error = None, f"{type(failure).__name__}: {failure}"
+    finally:
+        watchdog.WorkerProbe.__call__ = call
+        watchdog.configure(**before)
+    forwards = [] if pipe is None else [
+        (start, end) for kind, _, start, end in pipe.runners[3].timeline if kind == "forward"]
+    return {"error": error, "forwards": forwards, "checks": checks}
+
+
+def stop_run(tf_spectrain, keras, devices, pid, np):
+    """Stops worker `pid` 2 s into training; reports the failure and the threads left."""
+    import tensorflow as tf
+
+    model = build(keras)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8000, 6)).astype("float32")
+    stopped = []
+
+    def stop():
+        time.sleep(2.0)
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(time.monotonic())
+
+    threading.Thread(target=stop, daemon=True).start()
+    try:
+        train(tf_spectrain, keras, model, devices, "stash", x, np.arange(8000) % 3)
+        result = {"error": None}
+    except Exception as error:  # reported to the test, which checks it
+        result = {"error": type(error).__name__, "message": str(error),
+                  "unavailable": isinstance(error, tf.errors.UnavailableError),
+                  "notes": list(getattr(error, "__notes__", [])),
+                  "after_stop": time.monotonic() - stopped[0] if stopped else None}
+    result["threads"] = sorted(t.name for t in threading.enumerate())
+    os.kill(pid, signal.SIGKILL)  # the stuck remote ops now fail, and their threads end
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and ours():
+        time.sleep(0.1)
+    result["threads_after_kill"] = ours()
+    return result
+
+
+def ours():
+    """The names of the pipeline's and the watchdog's threads still running."""
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith(("stage-", "tf_spectrain-")))
+
+
 def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2):
     pipe = tf_spectrain.PipelineModel(model, cuts=["d0", "d1", "d2"], devices=devices,
                                       mode=mode)
@@ -45,37 +142,29 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--mode", default="sync")
-    parser.add_argument("--kill", type=int, default=None)
+    parser.add_argument("--stop", type=int, default=None)
+    parser.add_argument("--slow", type=float, default=None)
+    parser.add_argument("--deadline", type=float, default=1.0)
     args = parser.parse_args()
 
     import keras
     import numpy as np
+    import tensorflow as tf
 
     import tf_spectrain
 
     devices = tf_spectrain.connect_cluster(args.cluster, devices_per_worker=2)
-    model = build(keras)
-    rng = np.random.default_rng(0)
-    if args.kill is not None:
-        x = rng.normal(size=(8000, 6)).astype("float32")
-        killed = []
-
-        def kill():
-            time.sleep(2.0)
-            os.kill(args.kill, signal.SIGKILL)
-            killed.append(time.monotonic())
-
-        threading.Thread(target=kill, daemon=True).start()
-        try:
-            train(tf_spectrain, keras, model, devices, args.mode, x, np.arange(8000) % 3)
-            result = {"error": None}
-        except Exception as error:  # reported to the test, which checks it
-            result = {"error": type(error).__name__,
-                      "notes": list(getattr(error, "__notes__", [])),
-                      "after_kill": time.monotonic() - killed[0] if killed else None}
-        result["threads"] = sorted(t.name for t in threading.enumerate())
+    if args.slow is not None or args.stop is not None:
+        result = {}
+        if args.slow is not None:
+            result["busy"] = busy_run(tf_spectrain, keras, tf, devices, args.slow,
+                                      args.deadline, np)
+        if args.stop is not None:
+            result["stop"] = stop_run(tf_spectrain, keras, devices, args.stop, np)
         print(json.dumps(result), flush=True)
         return
+    model = build(keras)
+    rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 6)).astype("float32"), np.arange(40) % 3
     w0 = model.get_weights()
     results = {}

@@ -1,4 +1,4 @@
-"""Which workers are gone, said in the terms of the pipeline: `lost_workers_note`.
+"""Which workers are gone, said in the terms of the pipeline: `note_lost_workers`.
 
 When a stage's remote op fails with `UnavailableError` (a worker process died; TensorFlow
 reports it within a fraction of a second), the training loop asks which workers of the
@@ -8,9 +8,12 @@ stages it held.
 
 import re
 
+import tensorflow as tf
+
 from tf_spectrain.cluster import sockets, spec
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+_NOTE_START = "(tf_spectrain: worker "
 _CONNECTED = []  # the Cluster of the last connect_cluster call of this process
 
 
@@ -30,6 +33,33 @@ def task_of(device):
     return int(found.group(1)) if found else None
 
 
+def held_stages(devices, num_workers):
+    """Which stages each worker holds.
+
+    Args:
+        devices: the stages' device names, stage 0 first.
+        num_workers: the cluster's number of workers (devices of other tasks are ignored).
+
+    Returns:
+        A dict `{task: [stage, ...]}` of the workers holding at least one stage; empty
+        when every stage is local.
+    """
+    held = {}
+    for k, device in enumerate(devices):
+        task = task_of(device)
+        if task is not None and task < num_workers:
+            held.setdefault(task, []).append(k)
+    return held
+
+
+def name_stages(stages):
+    """`"stage 2"`, `"stages 2 and 3"` or `"stages 1, 2 and 3"`."""
+    stages = list(stages)
+    if len(stages) == 1:
+        return f"stage {stages[0]}"
+    return "stages " + ", ".join(map(str, stages[:-1])) + f" and {stages[-1]}"
+
+
 def lost_workers_note(devices, cluster=None, timeout=1.0):
     """Names the workers, among those holding stages, that no longer accept connections.
 
@@ -46,21 +76,33 @@ def lost_workers_note(devices, cluster=None, timeout=1.0):
     cluster = connected_cluster() if cluster is None else cluster
     if cluster is None:
         return None
-    held = {}
-    for k, device in enumerate(devices):
-        task = task_of(device)
-        if task is not None and task < cluster.num_workers:
-            held.setdefault(task, []).append(k)
     lost = []
-    for task, stages in sorted(held.items()):
+    for task, stages in sorted(held_stages(devices, cluster.num_workers).items()):
         host, port = spec.split_address(cluster.workers[task])
         reason = sockets.wait_until_listening(host, int(port), timeout)
         if reason is not None:
-            which = (f"stage {stages[0]}" if len(stages) == 1 else
-                     "stages " + ", ".join(map(str, stages[:-1])) + f" and {stages[-1]}")
-            lost.append(f"worker {cluster.describe(task)}, which held {which}, no longer "
-                        f"accepts connections: {reason}")
+            lost.append(f"worker {cluster.describe(task)}, which held {name_stages(stages)}, "
+                        f"no longer accepts connections: {reason}")
     if not lost:
         return None
-    return ("(tf_spectrain: " + "; ".join(lost) + ". Restart the worker and resume from "
+    return (_NOTE_START + "; ".join(lost) + ". Restart the worker and resume from "
             "the last checkpoint: train.py --resume, or restore_checkpoint.)")
+
+
+def note_lost_workers(error, devices):
+    """Adds `lost_workers_note` to `error` (once), if a worker holding stages is gone.
+
+    Args:
+        error: the exception that ended training.
+        devices: the stages' device names.
+
+    Returns:
+        True if a worker is lost (or `error` says so itself: an `UnavailableError`), in
+        which case the stages' weights can no longer be read back.
+    """
+    if any(str(n).startswith(_NOTE_START) for n in getattr(error, "__notes__", ())):
+        return True
+    note = lost_workers_note(devices)
+    if note is not None and hasattr(error, "add_note"):
+        error.add_note(note)
+    return note is not None or isinstance(error, tf.errors.UnavailableError)

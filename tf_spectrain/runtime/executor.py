@@ -5,13 +5,19 @@ mini-batch into GPipe micro-batches.
 """
 
 import threading
+import time
 
 import tensorflow as tf
 
 from tf_spectrain import schedule
+from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime.handoff import Board, Channel, FailureBox, PipelineAborted
 
 STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
+# Once a worker is declared lost, how long to wait for the stage threads to end: a thread
+# blocked in a remote op on that worker never returns, and is left behind (a daemon).
+LOST_JOIN_SECONDS = 1.0
+_JOIN_SLICE = 0.05
 
 
 def split_batch(x, parts):
@@ -49,6 +55,23 @@ def split_batch(x, parts):
 def _first(pair):
     """The first item of a pair (a sort key)."""
     return pair[0]
+
+
+def to_host(value):
+    """Copies the tensors of `value` (a nest) into this process' memory.
+
+    The caller's thread reads each mini-batch's loss, logits and layer losses; when they
+    live on a worker, a read there would block for ever if the worker hangs. A stage thread
+    (which the epoch can leave behind) copies them instead, once they are computed.
+
+    Args:
+        value: a tensor, or a nest of tensors (and other values, kept as they are).
+
+    Returns:
+        The same nest, with each tensor replaced by a local tensor of the same value.
+    """
+    return tf.nest.map_structure(lambda t: tf.constant(t.numpy()) if tf.is_tensor(t) else t,
+                                 value)
 
 
 class EpochRun:
@@ -110,6 +133,7 @@ class EpochRun:
         self._gate = threading.Lock()
         self._begun = -1  # the last mini-batch whose on_begin has run
         self._fed_upto = 0  # the last mini-batch stage 0 has fed (batch 0 always is)
+        self._watchdog = None  # the workers' watchdog while `run` runs, with remote stages
 
     def request_stop(self):
         """Feeds no further mini-batch; the epoch ends once those in flight are done.
@@ -203,12 +227,19 @@ class EpochRun:
                 if k > 0:
                     y, share = self.labels.get()
                 loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
+                if self._watchdog is not None:
+                    loss, logits = to_host((loss, logits))
                 losses.setdefault(op.batch, []).append((loss, logits, y))
             else:
                 # Every stage weighs its layer losses by the micro-batch's share, so that
                 # a mini-batch's M micro-batches add them up once, as the loss is.
                 outputs = runner.forward(key, x, self.keep[k](key), scale=share)
                 self.activations[k].put((outputs, share))
+            if self._watchdog is not None:
+                # The caller reads the layer losses: a copy here, not a remote read there.
+                penalties = runner.penalties.get(op.batch)
+                if penalties:
+                    penalties[-1] = to_host(penalties[-1])
         elif op.kind == schedule.BACKWARD:
             grads_out = None if last else self.gradients[k].get()
             grads_in = runner.backward(key, grads_out)
@@ -260,6 +291,13 @@ class EpochRun:
         Any exception in any thread (or in `on_batch`) aborts the whole pipeline at once:
         blocked hand-offs wake up and stop, and the stages forget their in-flight state.
 
+        When stages are on workers of a connected cluster, a watchdog
+        (`tf_spectrain.cluster.watchdog`) checks those workers while the epoch runs; one
+        that stops answering aborts the epoch with a `WorkerLostError`. The stage threads
+        are then waited for at most `LOST_JOIN_SECONDS`: a thread blocked in a remote op on
+        the lost worker never returns and is left behind (it is a daemon thread). In every
+        other case every thread is joined.
+
         Args:
             on_batch: called with mini-batch `i` and `parts`, a list of
                 `(scaled_loss, logits, labels)` per micro-batch; it may call `request_stop()`.
@@ -270,6 +308,8 @@ class EpochRun:
                 note naming the stage, the pass and the mini-batch, one of `on_batch` a note
                 naming the training loop (unless the error says where itself).
             ValueError: from stage 0, if `batches` runs out before the epoch's mini-batches.
+            tf_spectrain.cluster.watchdog.WorkerLostError: if a worker holding stages
+                stopped answering.
         """
         threads = [
             threading.Thread(target=self._thread_main, args=(k,), name=f"stage-{k}", daemon=True)
@@ -277,12 +317,28 @@ class EpochRun:
         ]
         if on_begin is not None:
             self.rates = Board(self.failure.abort, 1, len(self.runners), "learning rates")
+        self._watchdog = watchdog = watchdog_lib.watch(
+            [runner.device for runner in self.runners],
+            lambda error: self.failure.record(error, None),
+            label=self.label,
+        )
+        try:
+            self._run_threads(threads, on_batch, on_begin)
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+        if self.failure.abort.is_set():
+            for runner in self.runners:
+                runner.reset()
+        self._raise_if_failed()
+
+    def _run_threads(self, threads, on_batch, on_begin):
         try:
             if on_begin is not None:
                 self._begin(0, on_begin)
         except BaseException as error:
             self.failure.record(error, "the training loop (callbacks)")
-            self.failure.raise_if_failed()
+            self._raise_if_failed()
         for t in threads:
             t.start()
         try:
@@ -296,9 +352,67 @@ class EpochRun:
         except BaseException as error:  # anything: the caller re-raises it
             self.failure.record(error, "the training loop (callbacks)")
         finally:
-            for t in threads:
-                t.join()
-        if self.failure.abort.is_set():
-            for runner in self.runners:
-                runner.reset()
+            _join(threads, self._watchdog)
+
+    def _raise_if_failed(self):
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog.lost.is_set():
+            first = self.failure.error
+            if not isinstance(first, tf.errors.UnavailableError):
+                # Another failure came first, but the lost worker is what the caller must
+                # know: its stages' weights can no longer be read.
+                raise watchdog.error from first
         self.failure.raise_if_failed()
+
+    def wait_for(self, fn):
+        """Returns `fn()`; with remote stages, gives up on it if the pipeline aborts.
+
+        A read of a stage's variable (a learning rate, say) blocks for ever in the calling
+        thread when the stage's worker hangs. With stages on workers, `fn` runs in a helper
+        daemon thread while the caller watches the pipeline's abort event; locally it is
+        simply called.
+
+        Args:
+            fn: a function of no arguments.
+
+        Returns:
+            What `fn` returned.
+
+        Raises:
+            PipelineAborted: if the pipeline aborted (a worker was lost) before `fn` ended.
+            BaseException: whatever `fn` raised.
+        """
+        if self._watchdog is None:
+            return fn()
+        done, box = threading.Event(), {}
+
+        def call():
+            try:
+                box["value"] = fn()
+            except BaseException as error:  # re-raised in the caller
+                box["error"] = error
+            done.set()
+
+        threading.Thread(target=call, name="tf_spectrain-wait", daemon=True).start()
+        while not done.wait(_JOIN_SLICE):
+            if self.failure.abort.is_set():
+                raise PipelineAborted("the pipeline aborted while waiting on a read")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+def _join(threads, watchdog):
+    """Joins the stage threads; once `watchdog` has declared a worker lost, only for a while."""
+    if watchdog is None:
+        for t in threads:
+            t.join()
+        return
+    until = None
+    for t in threads:
+        while t.is_alive():
+            if until is None and watchdog.lost.is_set():
+                until = time.monotonic() + LOST_JOIN_SECONDS
+            if until is not None and time.monotonic() >= until:
+                return  # the rest are blocked on the lost worker: left behind
+            t.join(_JOIN_SLICE)

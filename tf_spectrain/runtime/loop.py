@@ -8,8 +8,6 @@ trained weights are then copied back into the wrapped model before `on_epoch_end
 
 import time
 
-import tensorflow as tf
-
 from tf_spectrain import schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.executor import EpochRun
@@ -105,6 +103,14 @@ class FitLoop:
             NonFiniteLossError: a non-finite loss with `on_nan="stop"`.
             Exception: whatever a stage thread or a callback raised, re-raised here.
         """
+        try:
+            return self._epochs(initial_epoch, epochs, next_batches, validate)
+        except BaseException as error:
+            # Validation, a checkpoint or a callback may be the first to meet a lost worker.
+            health.note_lost_workers(error, self.pipeline.devices)
+            raise
+
+    def _epochs(self, initial_epoch, epochs, next_batches, validate):
         pipe, callbacks = self.pipeline, self.callbacks
         callbacks.on_train_begin()
         logs = {}
@@ -146,7 +152,7 @@ class FitLoop:
 
         def on_begin(i):
             self.callbacks.on_train_batch_begin(i)
-            return read_rate()
+            return run.wait_for(read_rate)  # a remote read that a lost worker cannot hang
 
         def on_batch(i, parts):
             self.logs.record(epoch, i, parts, self.on_nan)
@@ -168,10 +174,7 @@ class FitLoop:
             # A worker that died fails the epoch with UnavailableError, or with another
             # error (a cancelled receive, say) in a stage that waited on it: either way,
             # its stages' weights can no longer be read (reading them would wait forever).
-            note = health.lost_workers_note(pipe.devices)
-            lost = note is not None or isinstance(error, tf.errors.UnavailableError)
-            if note is not None and hasattr(error, "add_note"):
-                error.add_note(note)
+            lost = health.note_lost_workers(error, pipe.devices)
             raise
         finally:
             self._run = None

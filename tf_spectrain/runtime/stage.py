@@ -12,6 +12,7 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import compile_utils
+from tf_spectrain.cluster import health
 from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
 
 
@@ -120,6 +121,7 @@ class StageRunner:
         with tf.device(device):
             self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.probe = None
+        self._remote = health.task_of(device) is not None  # on a worker of a cluster
         self._forward_fn = graph_function(self._forward)
         self._vjp_fn = graph_function(self._recompute_vjp)
         self._apply_fn = graph_function(self._apply)
@@ -210,6 +212,18 @@ class StageRunner:
 
     # --- passes -------------------------------------------------------------------------
 
+    def _call_forward(self, inputs, labels, scale):
+        if not self._remote:
+            return self._forward_fn(inputs, labels, scale, self.plan.forward_steps)
+        # On a worker, called outside the stage's device scope (`_forward` places its ops
+        # on the device itself). A graph function called under a remote device scope
+        # returns before the worker has run it, and a GradientTape recording the call then
+        # waits for the outputs' shapes holding Python's GIL: every thread of the trainer
+        # (the workers' watchdog too) stalls for the pass, and for ever on a hung worker.
+        # Called from here, the call itself waits, with the GIL released.
+        with tf.device(None):
+            return self._forward_fn(inputs, labels, scale, self.plan.forward_steps)
+
     def forward(self, key, inputs, keep_activations, labels=None, scale=1.0):
         """Forward pass of `key`, at the weights `W + s_f * m` of the stage's plan.
 
@@ -237,15 +251,13 @@ class StageRunner:
                 with tape:
                     tape.watch(self._input_targets(inputs))
                     tape.watch(self._tf_trainable)
-                    outputs, penalty, logits, finite = self._forward_fn(
-                        inputs, labels_t, scale_t, self.plan.forward_steps
+                    outputs, penalty, logits, finite = self._call_forward(
+                        inputs, labels_t, scale_t
                     )
                 record.tape, record.outputs = tape, outputs + [penalty]
             else:
                 record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
-                outputs, penalty, logits, finite = self._forward_fn(
-                    inputs, labels_t, scale_t, self.plan.forward_steps
-                )
+                outputs, penalty, logits, finite = self._call_forward(inputs, labels_t, scale_t)
         self._inflight[key] = record
         self.penalties.setdefault(key[0], []).append(penalty)
         end = time.perf_counter()
