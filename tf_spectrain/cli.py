@@ -80,6 +80,13 @@ def build_parser():
         type=int,
         help="sync mode: GPipe micro-batches per mini-batch (must divide --batch-size)",
     )
+    add(
+        "replicas",
+        type=int,
+        help="copies of the pipeline (data x pipeline): the devices form --replicas "
+        "pipelines of devices / replicas stages, each mini-batch is split evenly across "
+        "them and each stage's gradients are summed over its copies before every update",
+    )
     add("dataset", help="dataset name")
     add("data_dir", help="tensorflow-datasets data dir")
     add(

@@ -85,6 +85,7 @@ class RunConfig:
     cuts: tuple[str, ...] | str = "auto"
     spectrain_target: str = "paper"
     micro_batches: int = 1
+    replicas: int = 1
     dataset: str = "digits"
     data_dir: str | None = None
     download: bool = False
@@ -134,6 +135,11 @@ class RunConfig:
         if self.cluster is None:
             return None
         return cluster_spec.trainer_cluster(None if self.cluster == TF_CONFIG else self.cluster)
+
+    @property
+    def num_stages(self):
+        """The stages of the pipeline: the devices over `--replicas`."""
+        return self.num_devices // self.replicas
 
     @property
     def num_devices(self):
@@ -256,6 +262,7 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
         if batch_ok:
             p.check(input_checks.check_micro_batch_split, None, c.batch_size, c.micro_batches,
                     flags=True)
+    devices_ok = _check_replicas(p, c, batch_ok, devices_ok)
     cuts = c.cuts
     if cuts == "auto":
         return
@@ -270,13 +277,15 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
             f"Received: --cuts with --mode {c.mode}"
         )
     else:
-        if devices_ok and len(cuts) + 1 != c.num_devices:
+        if devices_ok and len(cuts) + 1 != c.num_stages:
             where = (f"--gpus is {c.gpus}" if c.cluster is None else
                      f"--cluster with --gpus-per-host {c.gpus_per_host or 1} gives "
                      f"{c.num_devices} devices")
+            per = ("one stage per device" if c.replicas == 1 else
+                   f"{c.num_stages} stages in each of --replicas {c.replicas}")
             p.add(
                 f"--cuts names {len(cuts)} layers, which makes {len(cuts) + 1} stages, but "
-                f"{where}: give {c.num_devices - 1} cut layers (one stage per device). "
+                f"{where}: give {c.num_stages - 1} cut layers ({per}). "
                 f"Received: --cuts {','.join(cuts)}"
             )
         repeated = sorted({name for name in cuts if cuts.count(name) > 1})
@@ -285,6 +294,29 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
                 f"--cuts must name each layer once. Received: --cuts {','.join(cuts)} "
                 f"({', '.join(repeated)} repeated)"
             )
+
+
+def _check_replicas(p, c, batch_ok, devices_ok):
+    """--replicas: a pipeline mode, a divisor of the devices and of the batch size."""
+    if not p.check(checks.check_int, "--replicas", c.replicas, 1):
+        return False
+    if c.replicas == 1:
+        return devices_ok
+    if c.mode not in modes.PIPELINE_MODES:
+        p.add(f"--replicas copies a pipeline and needs one of the modes "
+              f"{list(modes.PIPELINE_MODES)}; for data parallelism alone use --mode dp. "
+              f"Received: --replicas {c.replicas} with --mode {c.mode}")
+        return False
+    if devices_ok and c.num_devices % c.replicas:
+        p.add(f"--replicas must divide the devices ({c.num_devices}): each replica is a "
+              f"pipeline of devices / replicas stages. Received: --replicas {c.replicas}")
+        return False
+    parts = c.replicas * c.micro_batches
+    if batch_ok and c.batch_size % parts:
+        p.add(f"--batch-size must split evenly across --replicas {c.replicas}"
+              + (f" x --micro-batches {c.micro_batches}" if c.micro_batches > 1 else "")
+              + f": a multiple of {parts}. Received: --batch-size {c.batch_size}")
+    return devices_ok
 
 
 def _check_data_dir(p, c):

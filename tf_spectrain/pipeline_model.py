@@ -22,6 +22,7 @@ from tf_spectrain.model_memory import warn_if_model_on_stage_device
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
 from tf_spectrain.runtime import inference
+from tf_spectrain.runtime import replicas as replicas_lib
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
 from tf_spectrain.runtime.loop import FitLoop
 from tf_spectrain.runtime.stage import build_runners
@@ -71,8 +72,18 @@ class PipelineModel:
         micro_batches: `sync` mode only: split every mini-batch into this many
             micro-batches that fill and drain the pipeline (GPipe); one update per
             mini-batch.
+        replicas: R, the copies of the pipeline (a data x pipeline hybrid, see
+            `tf_spectrain.runtime.replicas`): `devices` then names R x N devices, replica
+            r's stage k at `r * N + k` (None: the first R x N devices). Each mini-batch is
+            split evenly across the replicas, and stage k's R copies sum their gradients
+            with TensorFlow's collective all-reduce before every update, so they keep the
+            same weights and optimizer state and take the steps one pipeline takes with
+            the same batch (BatchNorm normalises each replica's share of the batch, and its
+            statistics are averaged over the replicas at every epoch end). `evaluate` and
+            `predict` run on replica 0.
         profile_batch_size: with `cuts="auto"`, the batch size to profile and plan at
-            (use the training batch size; `train.py` passes `--batch-size`).
+            (use the training batch size, over `replicas`; `train.py` passes
+            `--batch-size` / `--replicas`).
         memory_limit: with `cuts="auto"`, None or the bytes each device may hold (a
             number, or a list of one per stage): plans whose stage needs more (weights,
             optimizer slots, the activations and weight versions of its mini-batches in
@@ -111,6 +122,7 @@ class PipelineModel:
         mode="spectrain",
         spectrain_target="paper",
         micro_batches=1,
+        replicas=1,
         profile_batch_size=32,
         memory_limit=None,
         link_bandwidth=None,
@@ -130,8 +142,18 @@ class PipelineModel:
         self.mode = mode
         self.spectrain_target = spectrain_target
         self.micro_batches = int(micro_batches)
+        self.replicas = int(replicas_lib.check_replicas(replicas))
         self.partition_plan = None
         self.planned_cuts = isinstance(cuts, str) and cuts == AUTO
+        if not self.planned_cuts:
+            autocuts.check_given_cuts(cuts, num_stages)
+        self._grid_devices = None  # with replicas: R lists of N device names
+        if self.replicas > 1:
+            if devices is None and num_stages is None and self.planned_cuts:
+                devices = autocuts.stage_devices(None, None)  # every GPU, else every CPU
+            stages = num_stages if self.planned_cuts else len(cuts) + 1
+            self._grid_devices = replicas_lib.replica_devices(devices, self.replicas, stages)
+            devices, num_stages = self._grid_devices[0], None
         if self.planned_cuts:
             devices = autocuts.stage_devices(devices, num_stages)
             profile_batch_size = input_checks.check_int(
@@ -149,11 +171,9 @@ class PipelineModel:
                     link_bandwidth=link_bandwidth,
                 )
             cuts = [] if self.partition_plan is None else self.partition_plan.cuts
-        else:
-            autocuts.check_given_cuts(cuts, num_stages)
         self._compiled_with = None
         self._build(list(cuts), devices)
-        warn_if_model_on_stage_device(model, self.devices)  # an extra copy on an accelerator
+        warn_if_model_on_stage_device(model, self.all_devices)  # an extra copy on an accelerator
         self.progress = Progress()
         self._loop = None  # the FitLoop of a `fit` in progress
         # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
@@ -169,6 +189,11 @@ class PipelineModel:
             devices = devices_lib.default_devices(self.num_stages)
         self.stages = partition.place_stages(self._split, devices)
         self.devices = list(devices)
+        grid = self._grid_devices or [self.devices]
+        self.replica_devices = [self.devices] + [list(d) for d in grid[1:]]
+        self.replica_stages = [self.stages] + [
+            partition.place_stages(self._split, d) for d in grid[1:]]
+        self.replica_runners = None
         self.plans = [
             modes.pass_plan(self.mode, k, self.num_stages, self.spectrain_target)
             for k in range(self.num_stages)
@@ -268,10 +293,15 @@ class PipelineModel:
             self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
         self.optimizer = optimizer
         self._compiled_with = (optimizer, loss, metrics, loss_weights)
-        self.runners = build_runners(self.stages, self.devices, self.plans, optimizer, self.loss)
+        self.replica_runners = [
+            build_runners(stages, devices, self.plans, optimizer, self.loss)
+            for stages, devices in zip(self.replica_stages, self.replica_devices)
+        ]
+        self.runners = self.replica_runners[0]
+        replicas_lib.attach_reducers(self.replica_runners)
         self._evaluator = None  # made at the first evaluate, for these runners and metrics
         if optimizer.global_clipnorm:  # sync mode (check_clipping): one norm over all stages
-            for runner in self.runners:
+            for runner in self.all_runners:
                 runner.clip_globally(optimizer.global_clipnorm)
         # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
         # logs the learning rate) see the last stage's, whose iterations advance.
@@ -303,13 +333,47 @@ class PipelineModel:
             )
         return self.runners
 
+    @property
+    def all_devices(self):
+        """Every stage's device, replica 0's stages first (`replicas` x `num_stages`)."""
+        return [d for devices in self.replica_devices for d in devices]
+
+    @property
+    def all_runners(self):
+        """Every replica's `StageRunner`s in one list, replica 0's first (after `compile`)."""
+        return [r for runners in self._require_replica_runners() for r in runners]
+
+    def _require_replica_runners(self):
+        """Every replica's runners; raises ValueError before `compile`."""
+        self._require_compiled()
+        return self.replica_runners
+
     def copy_weights_to_stages(self):
-        """Copies the wrapped model's weights (BatchNorm statistics included) to the stages."""
-        partition.copy_weights(self._split, self.stages)
+        """Copies the wrapped model's weights (BatchNorm statistics included) to the stages
+        (of every replica)."""
+        for stages in self.replica_stages:
+            partition.copy_weights(self._split, stages)
 
     def copy_weights_to_model(self):
-        """Copies the stages' weights (BatchNorm statistics included) into `model`."""
+        """Copies the stages' weights (BatchNorm statistics included) into `model`.
+
+        With replicas, each non-trainable weight (BatchNorm's statistics) is first set to
+        its mean over the replicas, in every replica.
+        """
+        replicas_lib.average_non_trainable(self.replica_stages)
         partition.copy_weights(self.stages, self._split)
+
+    def sync_replicas(self):
+        """Copies replica 0's weights and optimizer state into the other replicas.
+
+        A restored checkpoint (which holds replica 0) calls it; nothing to do without
+        replicas.
+        """
+        if self.replicas > 1:
+            replicas_lib.broadcast_first(
+                self.replica_stages,
+                [[r.optimizer for r in runners] for runners in self._require_replica_runners()],
+            )
 
     def request_stop(self):
         """Ends training soon and cleanly: no further mini-batch is fed, those in flight
@@ -373,7 +437,7 @@ class PipelineModel:
         `on_epoch_end` runs for the shortened epoch (without validation) and `fit` returns.
         `epoch_progress` then says how far the epoch got.
         """
-        runners = self._require_compiled()
+        self._require_compiled()
         input_checks.check_fit_args(
             self.model, self.loss, x=x, y=y, batch_size=batch_size, epochs=epochs,
             verbose=verbose, callbacks=callbacks, validation_data=validation_data,
@@ -383,7 +447,7 @@ class PipelineModel:
         feed = batching.EpochFeed(
             self.model, self.loss, x, y, batch_size, shuffle, steps_per_epoch, self.micro_batches
         )
-        for runner in runners:
+        for runner in self.all_runners:
             runner.skip_non_finite = on_nan == "skip"
         for callback in callbacks or ():
             if hasattr(callback, "set_pipeline"):
@@ -404,7 +468,7 @@ class PipelineModel:
         def validate():
             return self._evaluate_logs(validation_data, batch_size)
 
-        logs = TrainLogs(runners, self.metrics, self.progress)
+        logs = TrainLogs(self.all_runners, self.metrics, self.progress)
         self._loop = FitLoop(self, callback_list, logs, feed.num_batches, on_nan)
         try:
             self._loop.run(

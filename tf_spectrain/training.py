@@ -131,7 +131,7 @@ def prepare(config):
     )
     num_train = info.num_train if config.limit is None else min(config.limit, info.num_train)
     input_checks.check_micro_batch_split(
-        num_train, config.batch_size, config.micro_batches, flags=True
+        num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
     )
     cuts = config.cuts
     if config.resume and cuts == "auto" and config.checkpoint_dir is not None:
@@ -149,6 +149,7 @@ def prepare(config):
         cuts=cuts,
         spectrain_target=config.spectrain_target,
         micro_batches=config.micro_batches,
+        replicas=config.replicas,
         metrics=["accuracy"],
         batch_size=config.batch_size,
     )
@@ -179,9 +180,11 @@ def describe(run):
     what = f"{config.model} on {config.dataset} ({run.num_train} training images)"
     if isinstance(run.trainer, PipelineModel):
         pipe = run.trainer
+        copies = "" if pipe.replicas == 1 else f"{pipe.replicas} replicas of a "
+        where = "; ".join(", ".join(d) for d in pipe.replica_devices)
         return (
-            f"{what}: {config.mode} pipeline of {pipe.num_stages} stages on "
-            f"{', '.join(pipe.devices)}, cut after {', '.join(pipe.cuts) or 'nothing'}"
+            f"{what}: {copies}{config.mode} pipeline of {pipe.num_stages} stages on "
+            f"{where}, cut after {', '.join(pipe.cuts) or 'nothing'}"
             f"{_resume_note(run)}"
         )
     where = ", ".join(run.device_names) if config.mode == "dp" else run.device_names[0]

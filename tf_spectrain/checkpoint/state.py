@@ -235,6 +235,7 @@ def restore_checkpoint(trainer, path, metadata=None):
         if "shuffle_seed" in saved:
             trainer.shuffle_seed = int(saved["shuffle_seed"])
             trainer.epochs_trained = int(saved["epochs_trained"])
+        trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
         trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
 

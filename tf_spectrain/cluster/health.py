@@ -52,21 +52,38 @@ def held_stages(devices, num_workers):
     return held
 
 
-def name_stages(stages):
-    """`"stage 2"`, `"stages 2 and 3"` or `"stages 1, 2 and 3"`."""
+def name_stages(stages, num_stages=None):
+    """`"stage 2"`, `"stages 2 and 3"` or `"stages 1, 2 and 3"`.
+
+    Args:
+        stages: positions in the list of stage devices.
+        num_stages: the stages of one replica, for a replicated pipeline (whose device list
+            holds replica r's stage k at `r * num_stages + k`); None for one pipeline.
+    """
     stages = list(stages)
+    if num_stages is not None and max(stages) >= num_stages:
+        by_replica = {}
+        for p in stages:
+            by_replica.setdefault(p // num_stages, []).append(p % num_stages)
+        return _and([f"{name_stages(ks)} of replica {r}" for r, ks in by_replica.items()])
     if len(stages) == 1:
         return f"stage {stages[0]}"
-    return "stages " + ", ".join(map(str, stages[:-1])) + f" and {stages[-1]}"
+    return "stages " + _and([str(k) for k in stages])
 
 
-def lost_workers_note(devices, cluster=None, timeout=1.0):
+def _and(words):
+    """`"a"`, `"a and b"`, `"a, b and c"`."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
+
+
+def lost_workers_note(devices, cluster=None, timeout=1.0, num_stages=None):
     """Names the workers, among those holding stages, that no longer accept connections.
 
     Args:
         devices: the stages' device names, stage 0 first.
         cluster: the `Cluster`; None for this process' connected cluster.
         timeout: seconds to try each worker's address.
+        num_stages: the stages of one replica, when `devices` are those of every replica.
 
     Returns:
         A note such as `"(tf_spectrain: worker task 1 (127.0.0.1:2223), which held stages
@@ -81,20 +98,22 @@ def lost_workers_note(devices, cluster=None, timeout=1.0):
         host, port = spec.split_address(cluster.workers[task])
         reason = sockets.wait_until_listening(host, int(port), timeout)
         if reason is not None:
-            lost.append(f"worker {cluster.describe(task)}, which held {name_stages(stages)}, "
-                        f"no longer accepts connections: {reason}")
+            held = name_stages(stages, num_stages)
+            lost.append(f"worker {cluster.describe(task)}, which held {held}, no longer "
+                        f"accepts connections: {reason}")
     if not lost:
         return None
     return (_NOTE_START + "; ".join(lost) + ". Restart the worker and resume from "
             "the last checkpoint: train.py --resume, or restore_checkpoint.)")
 
 
-def note_lost_workers(error, devices):
+def note_lost_workers(error, devices, num_stages=None):
     """Adds `lost_workers_note` to `error` (once), if a worker holding stages is gone.
 
     Args:
         error: the exception that ended training.
-        devices: the stages' device names.
+        devices: the stages' device names (of every replica, with `num_stages`).
+        num_stages: the stages of one replica, for a replicated pipeline.
 
     Returns:
         True if a worker is lost (or `error` says so itself: an `UnavailableError`), in
@@ -102,7 +121,7 @@ def note_lost_workers(error, devices):
     """
     if any(str(n).startswith(_NOTE_START) for n in getattr(error, "__notes__", ())):
         return True
-    note = lost_workers_note(devices)
+    note = lost_workers_note(devices, num_stages=num_stages)
     if note is not None and hasattr(error, "add_note"):
         error.add_note(note)
     return note is not None or isinstance(error, tf.errors.UnavailableError)

@@ -174,6 +174,8 @@ class Watchdog:
         label: names the epoch in the message, e.g. "epoch 3".
         make_probe: `(address, task) -> check`, where `check()` returns once the worker
             has answered and raises if it cannot (default: `WorkerProbe`).
+        num_stages: the stages of one replica, when `held` counts the devices of every
+            replica of a replicated pipeline (see `health.name_stages`).
 
     Attributes:
         lost: a `threading.Event`, set once a worker is declared lost.
@@ -182,13 +184,14 @@ class Watchdog:
     """
 
     def __init__(self, cluster, held, on_lost, deadline=None, interval=None, label=None,
-                 make_probe=None):
+                 make_probe=None, num_stages=None):
         self.cluster = cluster
         self.held = dict(held)
         self.on_lost = on_lost
         self.deadline = _SETTINGS["deadline"] if deadline is None else deadline
         self.interval = _SETTINGS["interval"] if interval is None else interval
         self.label = label
+        self.num_stages = num_stages
         self.lost = threading.Event()
         self.error = None
         self.latencies = {task: [] for task in self.held}
@@ -257,7 +260,8 @@ class Watchdog:
 
     def _error(self, problems):
         parts = [f"worker {self.cluster.describe(task)}, which held "
-                 f"{health.name_stages(self.held[task])}, {reason}" for task, reason in problems]
+                 f"{health.name_stages(self.held[task], self.num_stages)}, {reason}"
+                 for task, reason in problems]
         text = "; ".join(parts)
         text = f"During {self.label}, {text}" if self.label else text[0].upper() + text[1:]
         return WorkerLostError(
@@ -268,7 +272,7 @@ class Watchdog:
         )
 
 
-def watch(devices, on_lost, label=None, cluster=None):
+def watch(devices, on_lost, label=None, cluster=None, num_stages=None):
     """Starts a `Watchdog` for the epoch of a pipeline whose stages are on `devices`.
 
     Args:
@@ -276,6 +280,7 @@ def watch(devices, on_lost, label=None, cluster=None):
         on_lost: called with the `WorkerLostError` when a worker is declared lost.
         label: names the epoch in the message.
         cluster: the `Cluster`; None for this process' connected cluster.
+        num_stages: the stages of one replica, when `devices` are every replica's.
 
     Returns:
         The started `Watchdog`, or None (and nothing runs) when no stage is on a worker of
@@ -287,4 +292,4 @@ def watch(devices, on_lost, label=None, cluster=None):
     held = health.held_stages(devices, cluster.num_workers)
     if not held:
         return None
-    return Watchdog(cluster, held, on_lost, label=label).start()
+    return Watchdog(cluster, held, on_lost, label=label, num_stages=num_stages).start()

@@ -1,7 +1,7 @@
 """Runs one epoch of a pipeline: one thread per stage, each walking its instruction list.
 
-`EpochRun` holds an epoch's threads, hand-offs and failure handling; `split_batch` cuts a
-mini-batch into GPipe micro-batches.
+`EpochRun` holds an epoch's threads, hand-offs and failure handling, for one pipeline or R
+replicas of it; `split_batch` (from `runtime.feed`) cuts a mini-batch into parts.
 """
 
 import threading
@@ -11,45 +11,16 @@ import tensorflow as tf
 
 from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
+from tf_spectrain.runtime.feed import Feed, split_batch
 from tf_spectrain.runtime.handoff import Board, Channel, FailureBox, PipelineAborted
+
+__all__ = ["EpochRun", "split_batch", "to_host"]
 
 STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
 # Once a worker is declared lost, how long to wait for the stage threads to end: a thread
 # blocked in a remote op on that worker never returns, and is left behind (a daemon).
 LOST_JOIN_SECONDS = 1.0
 _JOIN_SLICE = 0.05
-
-
-def split_batch(x, parts):
-    """Splits a batch into `parts` nearly equal slices along the batch axis.
-
-    Args:
-        x: a tensor, or a list or tuple of tensors of the same batch size.
-        parts: the number of slices (micro-batches), an int >= 1.
-
-    Returns:
-        A list of `(slice, size)`; sizes differ by at most one (the first are larger), and
-        each slice is a tensor, or a list of tensors when `x` is a list or tuple.
-
-    Raises:
-        ValueError: if the batch has fewer than `parts` examples.
-    """
-    xs = x if isinstance(x, (list, tuple)) else [x]
-    n = int(xs[0].shape[0])
-    if parts > n:
-        raise ValueError(
-            f"A mini-batch of {n} examples cannot be split into {parts} micro-batches "
-            "(each needs at least one example). This is usually the last, smaller "
-            "mini-batch of an epoch: choose a batch size that divides the number of "
-            "examples (or drop the remainder), or fewer micro-batches."
-        )
-    sizes = [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
-    pieces = [tf.split(t, sizes) for t in xs]
-    out = []
-    for j, size in enumerate(sizes):
-        part = [p[j] for p in pieces]
-        out.append((part if isinstance(x, (list, tuple)) else part[0], size))
-    return out
 
 
 def _first(pair):
@@ -99,6 +70,12 @@ class EpochRun:
         clip_globally: every stage clips its update by the global gradient norm over all
             stages (sync mode's `global_clipnorm`): each update waits for every stage's
             squared norm of the same mini-batch.
+        replicas: None for one pipeline; else R lists of N runners (`runners` is the
+            first), the copies of a replicated pipeline (`runtime.replicas`). Every replica
+            runs the same op lists on its own `1/R` of each mini-batch (split by
+            `runtime.feed.Feed`), with its own hand-offs; before each update, stage k's
+            copies wait for each other and sum their gradients. `on_batch` then gets the
+            parts of every replica, replica 0's first.
 
     Mini-batch i's update on every stage uses the learning rate the caller's `on_begin(i)`
     returned (see `run`), so a callback that changes it at a batch's begin reaches every
@@ -106,33 +83,29 @@ class EpochRun:
     """
 
     def __init__(
-        self, runners, op_lists, batches, micro_batches, keep, label=None, clip_globally=False
+        self, runners, op_lists, batches, micro_batches, keep, label=None, clip_globally=False,
+        replicas=None,
     ):
-        self.runners = runners
+        self.grid = [list(runners)] if replicas is None else [list(r) for r in replicas]
+        self.runners = self.grid[0]
         self.op_lists = op_lists
-        self.batches = batches
         self.micro_batches = micro_batches
         self.keep = keep
         self.failure = FailureBox()
         abort = self.failure.abort
-        n = len(runners)
-        self.activations = [Channel(abort, f"activations {k}->{k + 1}") for k in range(n - 1)]
-        self.gradients = [Channel(abort, f"gradients {k + 1}->{k}") for k in range(n - 1)]
-        self.labels = Channel(abort, "labels 0->last")
-        self.results = Channel(abort, "results")
-        self._micro = {}  # stage 0: i -> list of (x slice, y slice, share)
+        n, num_replicas = len(self.runners), len(self.grid)
         self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
+        self.lanes = [_Lane(abort, n, r if num_replicas > 1 else None, clip_globally)
+                      for r in range(num_replicas)]
+        self.feed = Feed(batches, self.num_batches, micro_batches, num_replicas)
+        # The R copies of stage k enter their gradients' all-reduce together, once all of
+        # them are ready: a replica that failed leaves the others waiting here (where an
+        # abort wakes them), not in the collective.
+        self.ready = ([Board(abort, num_replicas, num_replicas, f"replicas of stage {k}")
+                       for k in range(n)] if num_replicas > 1 else None)
         self.label = label
-        self._stop = threading.Event()
-        self._losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
         self.fed = None  # set to the number of mini-batches fed when stopped early
         self.rates = None  # a Board of each mini-batch's learning rate, when `run` has on_begin
-        self.norms = Board(abort, n, n, "gradient norms") if clip_globally else None
-        # Whether mini-batch i is fed and whether its on_begin runs are decided together
-        # under this lock, so that after a stop every fed batch, and only those, is begun.
-        self._gate = threading.Lock()
-        self._begun = -1  # the last mini-batch whose on_begin has run
-        self._fed_upto = 0  # the last mini-batch stage 0 has fed (batch 0 always is)
         self._watchdog = None  # the workers' watchdog while `run` runs, with remote stages
 
     def request_stop(self):
@@ -143,45 +116,22 @@ class EpochRun:
         flight finish and update (the drain): exactly the schedule of a shorter epoch. Safe to
         call from any thread.
         """
-        self._stop.set()
+        self.feed.stop.set()
 
     # --- stage threads ------------------------------------------------------------------
 
-    def _next_input(self, i, j):
-        """Stage 0: the input of micro-batch (i, j); reads the data on j == 0."""
-        if j == 0:
-            try:
-                x, y = next(self.batches)
-            except StopIteration:
-                raise ValueError(
-                    f"The training data ran out after {i} mini-batches of an epoch of "
-                    f"{self.num_batches}. With `steps_per_epoch`, the dataset must yield "
-                    "at least steps_per_epoch * epochs batches (e.g. use `dataset.repeat()`)."
-                ) from None
-            n = int(tf.nest.flatten(x)[0].shape[0])
-            if self.micro_batches == 1:
-                self._micro[i] = [(x, y, 1.0)]
-            else:
-                xs = split_batch(x, self.micro_batches)
-                ys = split_batch(y, self.micro_batches)
-                self._micro[i] = [(xp, yp, size / n) for (xp, size), (yp, _) in zip(xs, ys)]
-        x, y, share = self._micro[i][j]
-        if j == self.micro_batches - 1:
-            del self._micro[i]
-        return x, y, share
-
-    def _stop_here(self, k, i):
+    def _stop_here(self, lane, k, i):
         """Passes the stop marker on from stage k: mini-batch i and later are not fed."""
         if k == 0:
             self.fed = i
         if k < len(self.runners) - 1:
-            self.activations[k].put(STOP)
+            lane.activations[k].put(STOP)
             if k == 0:
-                self.labels.put(STOP)
+                lane.labels.put(STOP)
         else:
-            self.results.put(STOP)
+            lane.results.put(STOP)
 
-    def _stage_loop(self, k):
+    def _stage_loop(self, r, k):
         stop_at = None
         for op in self.op_lists[k]:
             if self.failure.abort.is_set():
@@ -189,92 +139,85 @@ class EpochRun:
             if stop_at is not None and op.batch >= stop_at:
                 continue
             try:
-                stopped = self._run_op(k, op)
+                stopped = self._run_op(r, k, op)
             except PipelineAborted:
                 raise
             except BaseException as error:
                 if hasattr(error, "add_note"):
                     where = f" of {self.label}" if self.label else ""
+                    copy = f" of replica {r}" if len(self.grid) > 1 else ""
                     error.add_note(
-                        f"(tf_spectrain: stage {k} on {self.runners[k].device} failed in "
-                        f"the {op.kind} pass of mini-batch {op.batch}{where})"
+                        f"(tf_spectrain: stage {k}{copy} on {self.grid[r][k].device} failed "
+                        f"in the {op.kind} pass of mini-batch {op.batch}{where})"
                     )
                 raise
             if stopped is not None:
                 stop_at = stopped
 
-    def _run_op(self, k, op):
-        """Runs one op of stage k; returns the first mini-batch not fed, once stopping."""
-        runner = self.runners[k]
+    def _run_op(self, r, k, op):
+        """Runs one op of stage k of replica r; returns the first batch not fed, once stopping."""
+        runner, lane = self.grid[r][k], self.lanes[r]
         last = k == len(self.runners) - 1
-        losses = self._losses
         key = (op.batch, op.micro)
         if op.kind == schedule.FORWARD:
             if k == 0:
-                if op.micro == 0 and op.batch > 0 and not self._feeds(op.batch):
-                    self._stop_here(k, op.batch)
+                if op.micro == 0 and op.batch > 0 and not self.feed.feeds(op.batch):
+                    self._stop_here(lane, k, op.batch)
                     return op.batch
-                x, y, share = self._next_input(op.batch, op.micro)
+                x, y, share = self.feed.part(r, op.batch, op.micro)
                 if not last:
-                    self.labels.put((y, share))
+                    lane.labels.put((y, share))
             else:
-                handed = self.activations[k - 1].get()
+                handed = lane.activations[k - 1].get()
                 if isinstance(handed, str) and handed == STOP:
-                    self._stop_here(k, op.batch)
+                    self._stop_here(lane, k, op.batch)
                     return op.batch
                 x, share = handed
             if last:
                 if k > 0:
-                    y, share = self.labels.get()
+                    y, share = lane.labels.get()
                 loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
                 if self._watchdog is not None:
                     loss, logits = to_host((loss, logits))
-                losses.setdefault(op.batch, []).append((loss, logits, y))
+                lane.losses.setdefault(op.batch, []).append((loss, logits, y))
             else:
                 # Every stage weighs its layer losses by the micro-batch's share, so that
                 # a mini-batch's M micro-batches add them up once, as the loss is.
                 outputs = runner.forward(key, x, self.keep[k](key), scale=share)
-                self.activations[k].put((outputs, share))
+                lane.activations[k].put((outputs, share))
             if self._watchdog is not None:
                 # The caller reads the layer losses: a copy here, not a remote read there.
                 penalties = runner.penalties.get(op.batch)
                 if penalties:
                     penalties[-1] = to_host(penalties[-1])
         elif op.kind == schedule.BACKWARD:
-            grads_out = None if last else self.gradients[k].get()
+            grads_out = None if last else lane.gradients[k].get()
             grads_in = runner.backward(key, grads_out)
             if k > 0:
-                self.gradients[k - 1].put(grads_in)
+                lane.gradients[k - 1].put(grads_in)
         else:
             rate = None if self.rates is None else self.rates.wait(op.batch)[0]
+            if self.ready is not None:
+                self.ready[k].post(op.batch, r)
+                self.ready[k].wait(op.batch)
+                runner.reduce_pending()  # the sum over the replicas, in every copy
             squares = None
-            if self.norms is not None:
-                self.norms.post(op.batch, (k, runner.pending_square_norm()))
-                squares = [x for _, x in sorted(self.norms.wait(op.batch), key=_first)]
+            if lane.norms is not None:
+                lane.norms.post(op.batch, (k, runner.pending_square_norm()))
+                squares = [x for _, x in sorted(lane.norms.wait(op.batch), key=_first)]
             runner.update(learning_rate=rate, squares=squares)
             if last:
-                self.results.put((op.batch, losses.pop(op.batch)))
+                lane.results.put((op.batch, lane.losses.pop(op.batch)))
         return None
-
-    def _feeds(self, i):
-        """Stage 0: whether to feed mini-batch i > 0 (no, once stopped, unless it was begun)."""
-        with self._gate:
-            if self._stop.is_set() and i > self._begun:
-                return False
-            self._fed_upto = i
-            return True
 
     def _begin(self, i, on_begin):
         """Caller: runs `on_begin(i)` and posts its learning rate, if batch i is to be fed."""
-        with self._gate:
-            if self._stop.is_set() and i > self._fed_upto:
-                return
-            self._begun = i
-        self.rates.post(i, on_begin(i))
+        if self.feed.may_begin(i):
+            self.rates.post(i, on_begin(i))
 
-    def _thread_main(self, k):
+    def _thread_main(self, r, k):
         try:
-            self._stage_loop(k)
+            self._stage_loop(r, k)
         except BaseException as error:  # anything, even KeyboardInterrupt: re-raised in the caller
             self.failure.record(error, None)  # _stage_loop's note says where
 
@@ -311,16 +254,19 @@ class EpochRun:
             tf_spectrain.cluster.watchdog.WorkerLostError: if a worker holding stages
                 stopped answering.
         """
+        replicated = len(self.grid) > 1
         threads = [
-            threading.Thread(target=self._thread_main, args=(k,), name=f"stage-{k}", daemon=True)
-            for k in range(len(self.runners))
+            threading.Thread(target=self._thread_main, args=(r, k), daemon=True,
+                             name=f"stage-{k}-replica-{r}" if replicated else f"stage-{k}")
+            for r in range(len(self.grid)) for k in range(len(self.runners))
         ]
         if on_begin is not None:
-            self.rates = Board(self.failure.abort, 1, len(self.runners), "learning rates")
+            self.rates = Board(self.failure.abort, 1, len(threads), "learning rates")
         self._watchdog = watchdog = watchdog_lib.watch(
-            [runner.device for runner in self.runners],
+            [runner.device for runners in self.grid for runner in runners],
             lambda error: self.failure.record(error, None),
             label=self.label,
+            num_stages=len(self.runners) if replicated else None,
         )
         try:
             self._run_threads(threads, on_batch, on_begin)
@@ -328,8 +274,9 @@ class EpochRun:
             if watchdog is not None:
                 watchdog.stop()
         if self.failure.abort.is_set():
-            for runner in self.runners:
-                runner.reset()
+            for runners in self.grid:
+                for runner in runners:
+                    runner.reset()
         self._raise_if_failed()
 
     def _run_threads(self, threads, on_batch, on_begin):
@@ -343,16 +290,26 @@ class EpochRun:
             t.start()
         try:
             for i in range(self.num_batches):
-                result = self.results.get()
-                if isinstance(result, str) and result == STOP:
+                parts = self._results()
+                if parts is None:
                     break
-                on_batch(*result)
+                on_batch(i, parts)
                 if on_begin is not None and i + 1 < self.num_batches:
                     self._begin(i + 1, on_begin)
         except BaseException as error:  # anything: the caller re-raises it
             self.failure.record(error, "the training loop (callbacks)")
         finally:
             _join(threads, self._watchdog)
+
+    def _results(self):
+        """The next mini-batch's parts from every replica's last stage; None once stopped."""
+        parts = []
+        for lane in self.lanes:
+            result = lane.results.get()
+            if isinstance(result, str) and result == STOP:
+                return None  # every replica stops at the same mini-batch
+            parts.extend(result[1])
+        return parts
 
     def _raise_if_failed(self):
         watchdog = self._watchdog
@@ -416,3 +373,16 @@ def _join(threads, watchdog):
             if until is not None and time.monotonic() >= until:
                 return  # the rest are blocked on the lost worker: left behind
             t.join(_JOIN_SLICE)
+
+
+class _Lane:
+    """One replica's hand-offs: activations, gradients, labels, results, losses, norms."""
+
+    def __init__(self, abort, n, r, clip_globally):
+        of = "" if r is None else f" of replica {r}"
+        self.activations = [Channel(abort, f"activations {k}->{k + 1}{of}") for k in range(n - 1)]
+        self.gradients = [Channel(abort, f"gradients {k + 1}->{k}{of}") for k in range(n - 1)]
+        self.labels = Channel(abort, f"labels 0->last{of}")
+        self.results = Channel(abort, f"results{of}")
+        self.losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
+        self.norms = Board(abort, n, n, f"gradient norms{of}") if clip_globally else None

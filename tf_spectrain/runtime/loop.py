@@ -107,7 +107,8 @@ class FitLoop:
             return self._epochs(initial_epoch, epochs, next_batches, validate)
         except BaseException as error:
             # Validation, a checkpoint or a callback may be the first to meet a lost worker.
-            health.note_lost_workers(error, self.pipeline.devices)
+            health.note_lost_workers(error, self.pipeline.all_devices,
+                                     self.pipeline.num_stages)
             raise
 
     def _epochs(self, initial_epoch, epochs, next_batches, validate):
@@ -142,8 +143,9 @@ class FitLoop:
             keep_rules(pipe.plans, lists),
             label=f"epoch {epoch}",
             clip_globally=any(r.global_clipnorm for r in pipe.runners),
+            replicas=pipe.replica_runners if pipe.replicas > 1 else None,
         )
-        for runner in pipe.runners:
+        for runner in pipe.all_runners:
             runner.timeline.clear()
             runner.events.clear()
         progress.epoch_progress = (epoch, 0, n)
@@ -174,7 +176,7 @@ class FitLoop:
             # A worker that died fails the epoch with UnavailableError, or with another
             # error (a cancelled receive, say) in a stage that waited on it: either way,
             # its stages' weights can no longer be read (reading them would wait forever).
-            lost = health.note_lost_workers(error, pipe.devices)
+            lost = health.note_lost_workers(error, pipe.all_devices, pipe.num_stages)
             raise
         finally:
             self._run = None

@@ -112,6 +112,7 @@ class StageRunner:
         self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
         self.skip_non_finite = False
         self.global_clipnorm = None  # set by `clip_globally`
+        self.reducer = None  # sums the gradient over the stage's replicas (`replicas.py`)
         self._attempts = 0  # updates asked for (applied or skipped)
         self._ever_skipping = False  # whether `skipped` may be above 0
         # Keras' `loss_scale_factor`: `fit` scales the loss by it, the optimizer divides
@@ -350,6 +351,15 @@ class StageRunner:
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
+
+    def reduce_pending(self):
+        """Sums the pending gradient over the stage's replicas (nothing without replicas).
+
+        Every copy of the stage must call it once per update, before `pending_square_norm`
+        and `update`: it waits in a collective all-reduce for all of them.
+        """
+        if self.reducer is not None and self._pending:
+            self._pending = self.reducer(self._pending)
 
     def clip_globally(self, clipnorm):
         """Clips this stage's updates by the global norm over all stages (sync mode).
