@@ -267,7 +267,8 @@ def test_a_remote_epoch_hands_the_caller_copies_and_stops_its_watchdog(fake_clus
     assert seen == [(i, 1.0, [0.5, 0.5], False, 7) for i in range(4)]
     assert probes and all(p.calls >= 1 for p in probes)
     time.sleep(0.1)
-    assert not [t for t in threading.enumerate() if t.name.startswith("tf_spectrain-")]
+    assert not [t for t in threading.enumerate()
+                if t.name.startswith(("tf_spectrain-watchdog", "tf_spectrain-check"))]
 
 
 def test_a_local_epoch_starts_no_watchdog(fake_cluster):
