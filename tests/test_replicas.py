@@ -6,6 +6,9 @@ mini-batch is the sum of its halves' share-weighted gradients); the replicas' we
 optimizer state are identical after every epoch; checkpoints restore every replica.
 """
 
+import dataclasses
+import pathlib
+
 import keras
 import numpy as np
 import pytest
@@ -218,3 +221,39 @@ def test_a_batch_too_small_to_split_fails_every_replica_without_a_hang():
         pipe.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
     x, y = data(24)
     pipe.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)  # still usable
+
+
+def test_train_py_runs_replicas_as_the_readme_says(tmp_path, monkeypatch):
+    from tf_spectrain import cli, training
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    line = next(line for line in readme.splitlines()
+                if line.startswith("python train.py") and "--replicas 2" in line)
+    monkeypatch.chdir(tmp_path)
+    args = dataclasses.replace(cli.parse_args(
+        line.split()[2:] + ["--logdir", str(tmp_path), "--export", "none"]
+    ), verbose=0)
+    run = training.prepare(args)
+    assert run.trainer.replicas == 2
+    assert run.trainer.replica_devices == [DEVICES[:2], DEVICES[2:]]
+    assert ("2 replicas of a spectrain pipeline of 2 stages on /CPU:0, /CPU:1; /CPU:2, /CPU:3"
+            in training.describe(run))
+    result = training.train(run)
+    assert len(result["history"]["loss"]) == 1 and 0 <= result["test_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(replicas=0), "--replicas"),
+    (dict(replicas=3), "--replicas must divide the devices (4)"),
+    (dict(replicas=2, mode="dp"), "--replicas copies a pipeline"),
+    (dict(replicas=2, batch_size=15), "a multiple of 2. Received: --batch-size 15"),
+    (dict(replicas=2, micro_batches=2, mode="sync", batch_size=6),
+     "--replicas 2 x --micro-batches 2: a multiple of 4"),
+    (dict(replicas=2, cuts=("flatten", "dense1")), "give 1 cut layers (2 stages in each"),
+])
+def test_bad_replicas_flags_are_refused_before_any_work(settings, message):
+    from tf_spectrain.config import RunConfig
+
+    with pytest.raises(ValueError) as caught:
+        RunConfig(model="mlp", gpus=4, **settings)
+    assert message in str(caught.value)
