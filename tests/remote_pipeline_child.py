@@ -6,7 +6,8 @@
 Connects (2 devices per worker), trains a small MLP as a 4-stage pipeline on the workers'
 devices, then the same pipeline from the same weights on this process' own CPU, and prints
 one JSON line: the largest weight difference, where the stages' variables live and the
-loss history.
+loss history; then the same for two replicas of a 2-stage pipeline, one on each worker,
+against one pipeline with the same batch on this process' CPU.
 
 The watchdog (tf_spectrain.cluster.watchdog) instead: `--slow S` trains 2 mini-batches of
 a model whose stage 3 (worker 1's CPU:1) busies its worker for S seconds in every forward,
@@ -129,9 +130,11 @@ def ours():
                   if t.name.startswith(("stage-", "tf_spectrain-")))
 
 
-def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2):
-    pipe = tf_spectrain.PipelineModel(model, cuts=["d0", "d1", "d2"], devices=devices,
-                                      mode=mode)
+def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, replicas=1,
+          cuts=("d0", "d1", "d2")):
+    cuts = list(cuts)
+    pipe = tf_spectrain.PipelineModel(model, cuts=cuts, devices=devices, mode=mode,
+                                      replicas=replicas)
     pipe.compile(tf_spectrain.SpecTrainSGD(0.1, momentum=0.9),
                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = pipe.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
@@ -184,6 +187,23 @@ def main():
             "devices": devices, "variables_on": where, "remote_loss": remote_loss,
             "local_loss": local_loss, "evaluate": evaluated,
         }
+    # Two replicas of a 2-stage stash pipeline, one on each worker, against one pipeline
+    # with the same batch on this process' CPU.
+    model.set_weights(w0)
+    pipe, remote_loss = train(tf_spectrain, keras, model, devices, "stash", x, y, replicas=2,
+                              cuts=["d1"])
+    remote = model.get_weights()
+    where = [[stage.variables[0].value.device for stage in stages]
+             for stages in pipe.replica_stages]
+    model.set_weights(w0)
+    _, local_loss = train(tf_spectrain, keras, model, [local_device] * 2, "stash", x, y,
+                         cuts=["d1"])
+    results["replicas"] = {
+        "max_diff": max(float(np.max(np.abs(a - b)))
+                        for a, b in zip(remote, model.get_weights())),
+        "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(remote, w0)),
+        "variables_on": where, "remote_loss": remote_loss, "local_loss": local_loss,
+    }
     print(json.dumps(results), flush=True)
 
 

@@ -45,16 +45,23 @@ def run_child(*args, timeout=180):
     done = subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True,
                           text=True, env=child_env(), cwd=HERE.parent, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert done.returncode == 0 and lines, (done.returncode, done.stdout, done.stderr[-9000:])
     return json.loads(lines[-1])
 
 
 def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(workers):
     cluster, _ = workers
     results = run_child("--cluster", cluster, "--mode", "sync,spectrain")
-    assert set(results) == {"sync", "spectrain"}
+    assert set(results) == {"sync", "spectrain", "replicas"}
+    replicas = results.pop("replicas")
     for result in results.values():
         _check_equal(result)
+    # Replicas on two workers (their gradients summed across them) equal one pipeline.
+    assert replicas["variables_on"] == [
+        [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for i in (0, 1)] for t in (0, 1)]
+    assert replicas["moved"] > 1e-2
+    assert replicas["max_diff"] < 1e-5
+    assert replicas["remote_loss"] == pytest.approx(replicas["local_loss"], rel=1e-5)
 
 
 def _check_equal(result):

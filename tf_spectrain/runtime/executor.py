@@ -198,9 +198,9 @@ class EpochRun:
         else:
             rate = None if self.rates is None else self.rates.wait(op.batch)[0]
             if self.ready is not None:
-                self.ready[k].post(op.batch, r)
-                self.ready[k].wait(op.batch)
-                runner.reduce_pending()  # the sum over the replicas, in every copy
+                self.ready[k].post(op.batch, (r, runner.pending_gradient))
+                gathered = [g for _, g in sorted(self.ready[k].wait(op.batch), key=_first)]
+                runner.reduce_pending(gathered)  # the sum over the replicas, in every copy
             squares = None
             if lane.norms is not None:
                 lane.norms.post(op.batch, (k, runner.pending_square_norm()))

@@ -4,7 +4,9 @@
 replica r's stage k on device r * N + k (`replica_devices`). Every mini-batch is split
 evenly across the replicas; before each update, stage k's R copies sum their gradients with
 TensorFlow's collective all-reduce (`GradientReducer`), each stage in its own collective
-group, so the copies apply the same update and hold the same weights and optimizer state.
+group (copies on a cluster's workers add up each other's gradients instead, see
+`attach_reducers`), so the copies apply the same update and hold the same weights and
+optimizer state.
 Each replica's loss is scaled by its share of the mini-batch, so the sum is the gradient of
 the whole mini-batch, as one pipeline with the same batch computes it.
 
@@ -14,6 +16,7 @@ their mean at the end of each epoch.
 """
 
 import itertools
+import re
 import threading
 
 import tensorflow as tf
@@ -133,8 +136,20 @@ class GradientReducer:
         return out
 
 
+def _is_local(device):
+    """Whether a device name is one of this process' own (`/CPU:0`, `/job:localhost/...`)."""
+    job = re.search(r"/job:([^/]+)", device)
+    return job is None or job.group(1) == "localhost"
+
+
 def attach_reducers(grid):
-    """Gives every stage runner of every replica its `GradientReducer`.
+    """Gives the stage runners of every replica their `GradientReducer`s.
+
+    A stage whose R copies are all on this process' own devices sums with a collective
+    all-reduce. One with a copy on a worker of a cluster gets none: a collective launched
+    on workers from this single client process waits for ever (measured with TF 2.21, for
+    copies on one worker and on two), so its copies add up each other's gradients instead
+    (see `StageRunner.reduce_pending`), TensorFlow's runtime moving the tensors.
 
     Args:
         grid: R lists of N `StageRunner`s, replica 0 first.
@@ -142,6 +157,8 @@ def attach_reducers(grid):
     if len(grid) < 2:
         return
     for k, group_key in enumerate(new_group_keys(len(grid[0]))):
+        if not all(_is_local(runners[k].device) for runners in grid):
+            continue
         for runners in grid:
             runners[k].reducer = GradientReducer(len(grid), group_key, runners[k].device)
 

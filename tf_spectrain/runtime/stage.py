@@ -352,14 +352,31 @@ class StageRunner:
         if self.probe is not None:
             self.probe.after_update()
 
-    def reduce_pending(self):
-        """Sums the pending gradient over the stage's replicas (nothing without replicas).
+    @property
+    def pending_gradient(self):
+        """The gradient waiting for `update` (a list of tensors), or None."""
+        return self._pending
 
-        Every copy of the stage must call it once per update, before `pending_square_norm`
-        and `update`: it waits in a collective all-reduce for all of them.
+    def reduce_pending(self, gathered):
+        """Replaces the pending gradient by its sum over the stage's replicas.
+
+        With a `reducer` (copies in one process' devices) the copies sum with one
+        collective all-reduce; without one (copies on different workers, where a
+        collective launched from this one client process would wait for ever) each copy
+        adds up `gathered` itself, in replica order, so every copy gets the same sum.
+        Every copy must call it once per update, before `pending_square_norm` and `update`.
+
+        Args:
+            gathered: every replica's `pending_gradient` of this update, replica 0 first.
         """
-        if self.reducer is not None and self._pending:
+        if not self._pending:
+            return
+        if self.reducer is not None:
             self._pending = self.reducer(self._pending)
+            return
+        with tf.device(self.device):
+            self._pending = [tf.add_n([tf.convert_to_tensor(g[n]) for g in gathered])
+                             for n in range(len(self._pending))]
 
     def clip_globally(self, clipnorm):
         """Clips this stage's updates by the global norm over all stages (sync mode).
