@@ -2,7 +2,8 @@
 
 It predicts one training iteration, and images/s, from per-layer compute times, activation
 and weight sizes, the cut points and a `Hardware` description, for one device, data
-parallelism (ring all-reduce every step) and the asynchronous SpecTrain pipeline (1F1B).
+parallelism (ring all-reduce every step), the asynchronous SpecTrain pipeline (1F1B) and
+R replicas of such a pipeline, on one host or several (`Hardware(num_hosts=...)`).
 Everything here is pure Python except `profile_model`, which measures a Keras model with
 TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
 
@@ -21,6 +22,7 @@ from tf_spectrain.costmodel.predict import (
     Estimate,
     pipeline_times,
     predict_data_parallel,
+    predict_hybrid,
     predict_pipeline,
     predict_single,
 )
@@ -64,6 +66,7 @@ __all__ = [
     "pipeline_times",
     "plan_partition",
     "predict_data_parallel",
+    "predict_hybrid",
     "predict_pipeline",
     "predict_single",
     "profile_model",

@@ -1,9 +1,14 @@
-"""A description of the machine the cost model predicts for: devices, their speed, links.
+"""A description of the machines the cost model predicts for: devices, their speed, links.
 
 Pure Python. Times in the cost model are seconds and sizes are bytes. The compute times
 come from a profile measured on some machine (this one's CPU, or a GPU); `relative_speed`
 says how much faster the target devices are than the profiled one, so a pass that took
 `t` seconds in the profile takes `t / relative_speed` on the target.
+
+Devices are numbered `0 .. num_gpus - 1`, host 0's first: with `num_hosts` hosts of
+`G = num_gpus / num_hosts` devices, device `d` is on host `d // G`. A transfer between two
+devices of one host uses the intra-host link (`bandwidth`, `latency`), one between hosts
+the inter-host link (`inter_host_bandwidth`, `inter_host_latency`).
 """
 
 import dataclasses
@@ -13,7 +18,7 @@ from tf_spectrain import checks
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """Devices and links of a multi-device machine.
+    """Devices and links of a multi-device machine, or of several identical hosts.
 
     Args:
         num_gpus: how many devices (GPUs) there are, an int >= 1.
@@ -30,6 +35,18 @@ class Hardware:
             GPUs). Logical devices that share the cores one device already keeps busy have
             a concurrency near 1: their work runs one after another, whatever the schedule.
         name: a label for tables.
+        num_hosts: `H`, the hosts the devices are on, an int >= 1 dividing `num_gpus`
+            (`G = num_gpus / H` devices each; device `d` on host `d // G`). `bandwidth`
+            and `latency` are then those of the links within a host.
+        inter_host_bandwidth: bytes per second, per direction, of a transfer between
+            devices of different hosts, > 0 (`math.inf` allowed); required when
+            `num_hosts > 1`. 25 Gb/s Ethernet moves at most 25e9 / 8 = 3.125e9.
+        inter_host_latency: seconds such a transfer costs on top of its bytes, >= 0;
+            required when `num_hosts > 1`.
+        nics_per_host: None (default) when every device has a link of its own to other
+            hosts, as every pair of devices within a host has; or how many inter-host
+            links (network cards) a host has, an int >= 1: transfers that leave (or
+            enter) a host at the same time then share its links equally (see `links`).
 
     Raises:
         TypeError, ValueError: if an argument is of the wrong type or out of range.
@@ -41,6 +58,10 @@ class Hardware:
     latency: float = 10e-6
     concurrency: float = None
     name: str = "custom"
+    num_hosts: int = 1
+    inter_host_bandwidth: float = None
+    inter_host_latency: float = None
+    nics_per_host: int = None
 
     def __post_init__(self):
         def set_(field, value):  # the dataclass is frozen: fields are set once, here
@@ -80,6 +101,42 @@ class Hardware:
             set_("concurrency", concurrency)
         if not isinstance(self.name, str):
             raise TypeError(f"`name` must be a string. Received: name={self.name!r}")
+        self._check_hosts(set_)
+
+    def _check_hosts(self, set_):
+        hosts = checks.check_int("num_hosts", self.num_hosts, 1, meaning="hosts")
+        if self.num_gpus % hosts:
+            raise ValueError(
+                "`num_hosts` must divide `num_gpus`: every host has the same number of "
+                f"devices. Received: num_hosts={self.num_hosts!r}, num_gpus={self.num_gpus}"
+            )
+        set_("num_hosts", hosts)
+        for field, what in (
+            ("inter_host_bandwidth", "bytes per second between hosts; 25 Gb/s is 3.125e9"),
+            ("inter_host_latency", "seconds per transfer between hosts"),
+        ):
+            value = getattr(self, field)
+            if value is None:
+                if hosts > 1:
+                    raise ValueError(
+                        f"`{field}` is required when `num_hosts` > 1 ({what}). Received: "
+                        f"num_hosts={hosts}, {field}=None"
+                    )
+                continue
+            if field == "inter_host_bandwidth":
+                value = checks.check_number(
+                    field, value, 0.0, strict=True, allow_inf=True, meaning=what
+                )
+            else:
+                value = checks.check_number(field, value, 0.0, meaning=what)
+            set_(field, value)
+        set_(
+            "nics_per_host",
+            checks.check_int(
+                "nics_per_host", self.nics_per_host, 1, none_ok=True,
+                meaning="inter-host links per host; None: one per device",
+            ),
+        )
 
     def replace(self, **changes):
         """Returns a copy with some fields changed, e.g. `NVLINK.replace(num_gpus=8)`.
@@ -107,35 +164,113 @@ class Hardware:
                 changes["concurrency"] = None
         return dataclasses.replace(self, **changes)
 
-    def transfer_time(self, num_bytes):
+    @property
+    def gpus_per_host(self):
+        """`G`: the devices on each host."""
+        return self.num_gpus // self.num_hosts
+
+    def host_of(self, device):
+        """The host of device `device` (an int in `0 .. num_gpus - 1`): `device // G`."""
+        device = checks.check_int(
+            "device", device, 0, self.num_gpus - 1, meaning="a device index, host 0's first"
+        )
+        return device // self.gpus_per_host
+
+    def crossing_hops(self, devices):
+        """The hops of a chain of devices that cross from one host to another.
+
+        Args:
+            devices: device indices in chain order (a pipeline's stage devices).
+
+        Returns:
+            The positions `k` whose hop `devices[k] -> devices[k + 1]` joins two hosts.
+        """
+        hosts = [self.host_of(d) for d in _check_devices(devices)]
+        return [k for k in range(len(hosts) - 1) if hosts[k] != hosts[k + 1]]
+
+    def link(self, source, target):
+        """`(bandwidth, latency)` of the link from device `source` to device `target`."""
+        if self.host_of(source) == self.host_of(target):
+            return self.bandwidth, self.latency
+        return self.inter_host_bandwidth, self.inter_host_latency
+
+    def links(self, hops):
+        """`(bandwidth, latency)` of each of several transfers that run at the same time.
+
+        Transfers within a host have the intra-host link each. A transfer between hosts
+        has the inter-host link; with `nics_per_host` set, the `f` inter-host transfers
+        leaving its source host (or entering its target host, whichever are more) share
+        that host's links, so each gets `inter_host_bandwidth * min(1, nics_per_host / f)`.
+
+        Args:
+            hops: a list of `(source, target)` device pairs.
+
+        Returns:
+            A list of `(bandwidth, latency)`, one per hop.
+
+        Raises:
+            TypeError, ValueError: for a device index out of range.
+        """
+        hops = [(self.host_of(a), self.host_of(b)) for a, b in hops]
+        leaving, entering = {}, {}
+        for a, b in hops:
+            if a != b:
+                leaving[a] = leaving.get(a, 0) + 1
+                entering[b] = entering.get(b, 0) + 1
+        out = []
+        for a, b in hops:
+            if a == b:
+                out.append((self.bandwidth, self.latency))
+                continue
+            bandwidth = self.inter_host_bandwidth
+            flows = max(leaving[a], entering[b])
+            if self.nics_per_host is not None and flows > self.nics_per_host:
+                bandwidth = bandwidth * self.nics_per_host / flows
+            out.append((bandwidth, self.inter_host_latency))
+        return out
+
+    def transfer_time(self, num_bytes, source=None, target=None):
         """Seconds to send `num_bytes` over one link: `latency + num_bytes / bandwidth`.
 
         Sending nothing costs nothing (no latency either).
 
         Args:
             num_bytes: a number >= 0.
+            source, target: device indices (both or neither): the link between them
+                (`link`); neither means a link within a host.
 
         Returns:
             The time in seconds.
 
         Raises:
-            TypeError, ValueError: if `num_bytes` is not a number >= 0.
+            TypeError, ValueError: if `num_bytes` is not a number >= 0, or a device index
+                is out of range or given without the other.
         """
         num_bytes = checks.check_number("num_bytes", num_bytes, 0.0, meaning="bytes")
-        if num_bytes == 0:
-            return 0.0
-        return self.latency + num_bytes / self.bandwidth
+        if (source is None) != (target is None):
+            raise ValueError(
+                "`source` and `target` go together: give both device indices or neither. "
+                f"Received: source={source!r}, target={target!r}"
+            )
+        if source is None:
+            return link_seconds([(self.bandwidth, self.latency)], num_bytes)
+        return link_seconds([self.link(source, target)], num_bytes)
 
-    def allreduce_time(self, num_bytes, num_devices=None):
-        """Seconds for a ring all-reduce of `num_bytes` over `num_devices` devices.
+    def allreduce_time(self, num_bytes, num_devices=None, devices=None):
+        """Seconds for a ring all-reduce of `num_bytes` over `n` devices.
 
         Each device sends `2 * (n - 1)` chunks of `num_bytes / n` (reduce-scatter, then
-        all-gather), one per step, and every step pays the latency:
-        `2 * (n - 1) / n * num_bytes / bandwidth + 2 * (n - 1) * latency`; 0 for n = 1.
+        all-gather) to the next device of the ring, one per step, and every step waits
+        for the slowest hop: `2 * (n - 1) / n * num_bytes / bandwidth + 2 * (n - 1) *
+        latency` with that hop's link; 0 for n = 1. On one host every hop has the same
+        link; a ring over several hosts is paced by an inter-host hop.
 
         Args:
             num_bytes: bytes of gradients each device holds, a number >= 0.
-            num_devices: `n`, an int >= 1; None means `num_gpus`.
+            num_devices: `n`, an int >= 1: the ring over devices `0 .. n - 1`; None means
+                `num_gpus` (or `len(devices)`).
+            devices: the ring's device indices in ring order (the last sends to the
+                first), instead of `num_devices`.
 
         Returns:
             The time in seconds.
@@ -144,13 +279,125 @@ class Hardware:
             TypeError, ValueError: if an argument is invalid.
         """
         num_bytes = checks.check_number("num_bytes", num_bytes, 0.0, meaning="bytes")
-        n = self.num_gpus if num_devices is None else checks.check_int(
-            "num_devices", num_devices, 1, meaning="devices taking part in the all-reduce"
+        if devices is None:
+            n = self.num_gpus if num_devices is None else checks.check_int(
+                "num_devices", num_devices, 1, meaning="devices taking part in the all-reduce"
+            )
+            devices = range(n)
+        elif num_devices is not None:
+            raise ValueError(
+                "Give `num_devices` or `devices`, not both. Received: "
+                f"num_devices={num_devices!r}, devices={devices!r}"
+            )
+        return self.allreduce_times([(num_bytes, devices)])[0]
+
+    def allreduce_times(self, groups):
+        """Seconds of several ring all-reduces that run at the same time.
+
+        Each group is a ring as in `allreduce_time`; with `nics_per_host` set, the rings'
+        hops between hosts share the hosts' links (`links`). A group with one device or
+        no bytes takes no time and no link.
+
+        Args:
+            groups: a list of `(num_bytes, devices)`: the bytes each member holds and the
+                ring's device indices, in ring order.
+
+        Returns:
+            A list of seconds, one per group.
+
+        Raises:
+            TypeError, ValueError: for invalid bytes or devices.
+        """
+        checks.check_instance("groups", groups, (list, tuple), " of (num_bytes, devices)")
+        rings = []
+        for g, group in enumerate(groups):
+            if not isinstance(group, (list, tuple)) or len(group) != 2:
+                raise TypeError(
+                    f"`groups[{g}]` must be a pair (num_bytes, devices). Received: {group!r}"
+                )
+            num_bytes = checks.check_number(
+                f"groups[{g}] num_bytes", group[0], 0.0, meaning="bytes"
+            )
+            devices = _check_devices(group[1])
+            for d in devices:
+                self.host_of(d)
+            rings.append((num_bytes, devices))
+        active = [g for g, (b, d) in enumerate(rings) if b > 0 and len(d) > 1]
+        links = self.ring_links([rings[g][1] for g in active])
+        times = [0.0] * len(rings)
+        for g, ring in zip(active, links):
+            times[g] = ring_seconds(ring, rings[g][0])
+        return times
+
+    def ring_links(self, rings):
+        """The links of the hops of rings that run at the same time (see `links`).
+
+        Args:
+            rings: a list of device-index lists, each in ring order.
+
+        Returns:
+            Per ring, the `(bandwidth, latency)` of its hops `devices[i] -> devices[i + 1]`
+            (the last to the first); none for a one-device ring.
+        """
+        hops = [_ring_hops(devices) for devices in rings]
+        flat = self.links([hop for ring in hops for hop in ring])
+        out, at = [], 0
+        for ring in hops:
+            out.append(flat[at : at + len(ring)])
+            at += len(ring)
+        return out
+
+
+def link_seconds(links, num_bytes, latency_count=1):
+    """Seconds to move `num_bytes` over the slowest of `links`: `latency + bytes / bandwidth`.
+
+    Args:
+        links: `(bandwidth, latency)` pairs of transfers that must all end (replicas
+            handing the same tensor on at the same time), at least one.
+        num_bytes: bytes each transfer moves, >= 0 (0 costs nothing, no latency either).
+        latency_count: how many transfers the bytes are split into, each paying the
+            latency (GPipe micro-batches).
+
+    Returns:
+        The time in seconds.
+    """
+    if num_bytes == 0:
+        return 0.0
+    return max(latency_count * latency + num_bytes / bandwidth for bandwidth, latency in links)
+
+
+def ring_seconds(links, num_bytes):
+    """Seconds of a ring all-reduce of `num_bytes` whose `n` hops have `links`.
+
+    `2 (n - 1)` steps of a `num_bytes / n` chunk on every hop, each step as long as its
+    slowest hop: `2 (n - 1) / n * num_bytes / bandwidth + 2 (n - 1) * latency` with the
+    slowest hop's link; 0 when `n <= 1` or there are no bytes.
+    """
+    n = len(links)
+    if n <= 1 or num_bytes == 0:
+        return 0.0
+    steps = 2 * (n - 1)
+    bandwidth, latency = max(links, key=lambda link: link[1] + num_bytes / n / link[0])
+    return steps / n * num_bytes / bandwidth + steps * latency
+
+
+def _ring_hops(devices):
+    n = len(devices)
+    return [] if n < 2 else [(devices[i], devices[(i + 1) % n]) for i in range(n)]
+
+
+def _check_devices(devices):
+    """`devices` as a list of distinct int device indices."""
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (list, tuple, range)):
+        raise TypeError(
+            f"`devices` must be a list of device indices. Received: devices={devices!r}"
         )
-        if n == 1 or num_bytes == 0:
-            return 0.0
-        steps = 2 * (n - 1)
-        return steps / n * num_bytes / self.bandwidth + steps * self.latency
+    devices = [checks.check_int("devices", d, 0, meaning="a device index") for d in devices]
+    if not devices or len(set(devices)) != len(devices):
+        raise ValueError(
+            f"`devices` must be a non-empty list of distinct device indices. Received: {devices}"
+        )
+    return devices
 
 
 PCIE3_X16 = Hardware(

@@ -33,19 +33,25 @@ class MemoryLimitError(ValueError):
     """No cut list fits every stage into its device's `memory_limit`."""
 
 
-def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, allowed=None):
+def best_cuts(
+    profile, hardware, batch_size, num_stages=None, recompute=False, allowed=None, replicas=1
+):
     """Chooses the cuts that minimise the slowest stage's compute plus hand-offs.
 
     Args:
         profile: a `ModelProfile`.
-        hardware: a `Hardware` (its speed, bandwidth and latency price the stages).
-        batch_size: examples per mini-batch, an int >= 1.
-        num_stages: an int in `1 .. min(len(profile), hardware.num_gpus)`; None means
-            `min(len(profile), hardware.num_gpus)`.
+        hardware: a `Hardware` (its speed and links price the stages: stage k on device
+            k, or `r * N + k` for replica r, a hop between hosts over the inter-host link).
+        batch_size: examples per mini-batch, an int >= 1 (split over the replicas).
+        num_stages: an int in `1 .. min(len(profile), hardware.num_gpus // replicas)`;
+            None means that largest value.
         recompute: whether every stage but the last recomputes its forward in its
             backward (see `predict.pipeline_times`).
         allowed: optional list of layer names or positions after which a stage may end;
             None allows every layer but the last.
+        replicas: `R`, copies of the pipeline (`predict.predict_hybrid`), an int >= 1:
+            every stage also pays the all-reduce of its gradients over its R copies (all
+            N rings taken to run at once).
 
     Returns:
         A list of `num_stages - 1` layer names, in model order, for `predict_pipeline` or
@@ -56,16 +62,21 @@ def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, a
     """
     batch_size = check_arguments(profile, hardware, batch_size)
     checks.check_bool("recompute", recompute)
-    most = min(len(profile), hardware.num_gpus)
+    replicas = checks.check_int(
+        "replicas", replicas, 1, hardware.num_gpus, meaning="copies of the pipeline, at most "
+        "hardware.num_gpus"
+    )
+    most = min(len(profile), hardware.num_gpus // replicas)
     if num_stages is None:
         num_stages = most
     num_stages = checks.check_int("num_stages", num_stages, 1, meaning="pipeline stages")
     if num_stages > most:
         raise ValueError(
-            f"`num_stages` must be at most {most}: one device per stage "
-            f"(hardware.num_gpus={hardware.num_gpus}) and one layer per stage "
-            f"({len(profile)} layers). Received: num_stages={num_stages}"
+            f"`num_stages` must be at most {most}: one device per stage and replica "
+            f"(hardware.num_gpus={hardware.num_gpus}, replicas={replicas}) and one layer "
+            f"per stage ({len(profile)} layers). Received: num_stages={num_stages}"
         )
+    n = num_stages
     terms = StageTerms(
         profile,
         batch_size,
@@ -75,6 +86,12 @@ def best_cuts(profile, hardware, batch_size, num_stages=None, recompute=False, a
         bandwidth=hardware.bandwidth,
         latency=hardware.latency,
         relative_speed=hardware.relative_speed,
+        replicas=replicas,
+        hop_links=[
+            hardware.links([(r * n + k, r * n + k + 1) for r in range(replicas)])
+            for k in range(n - 1)
+        ],
+        ring_links=hardware.ring_links([[r * n + k for r in range(replicas)] for k in range(n)]),
     )
     ends = _allowed_ends(profile, allowed, num_stages)
     return [profile.layers[p].name for p in _search(terms, ends, None)]

@@ -1,12 +1,15 @@
 """Predicted time of one training iteration and images/s (pure Python).
 
-Three ways to train on `hardware.num_gpus` devices, from a `ModelProfile`:
+Four ways to train on `hardware.num_gpus` devices (on one host or several), from a
+`ModelProfile`:
 
 - `predict_single`: one device runs the whole model on the whole batch.
 - `predict_data_parallel`: every device holds the model, runs `batch / n` examples, then a
   ring all-reduce averages all gradients, every step.
 - `predict_pipeline`: one stage per device, the asynchronous one-forward-one-backward
   schedule of SPECTRAIN.md section 3, activations and gradients handed between neighbours.
+- `predict_hybrid`: R copies of an N-stage pipeline, each on `batch / R` examples; before
+  each update every stage's gradients are all-reduced over its R copies.
 
 Profiled times scale linearly with the batch size and divide by `relative_speed`. Weight
 updates, the cost of predicting weights (`W + s * m`), data loading and framework overhead
@@ -17,7 +20,7 @@ import dataclasses
 
 from tf_spectrain import checks
 from tf_spectrain.costmodel import simulate
-from tf_spectrain.costmodel.hardware import Hardware
+from tf_spectrain.costmodel.hardware import Hardware, link_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
 
 
@@ -26,14 +29,15 @@ class Estimate:
     """A predicted training speed.
 
     Attributes:
-        kind: `"single"`, `"data_parallel"` or `"pipeline"`.
+        kind: `"single"`, `"data_parallel"`, `"pipeline"` or `"hybrid"`.
         batch_size: examples per mini-batch (the global batch).
         seconds_per_batch: predicted wall time per mini-batch; for a pipeline with
             `num_batches`, the epoch's time (fill and drain included) divided by it.
         compute_seconds: compute per mini-batch on the busiest device (for a pipeline,
             the stage that bounds the steady state).
         communication_seconds: transfers per mini-batch: the all-reduce for data
-            parallelism, the bounding stage's sends for a pipeline, 0 for one device.
+            parallelism, the bounding stage's sends for a pipeline (and its all-reduce
+            over the replicas for a hybrid), 0 for one device.
         epoch_seconds: for a pipeline with `num_batches`, the time of that epoch; else None.
     """
 
@@ -144,7 +148,7 @@ def predict_data_parallel(profile, hardware, batch_size, overlap=False):
     return Estimate("data_parallel", batch_size, seconds, forward + backward, allreduce)
 
 
-def pipeline_times(profile, hardware, batch_size, cuts, recompute=False):
+def pipeline_times(profile, hardware, batch_size, cuts, recompute=False, devices=None):
     """Per-stage pass and hand-off durations of a pipeline, in seconds per mini-batch.
 
     Args:
@@ -153,6 +157,9 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False):
         recompute: add each stage's forward to its backward, except on the last stage
             (activation recomputation: what `spectrain` with the paper's target does on
             stages whose backward uses other weights than their forward).
+        devices: the stages' device indices, stage 0 first; None means `0 .. N - 1`
+            (host 0's devices first). A hand-off between devices of different hosts
+            takes the inter-host link.
 
     Returns:
         A tuple `(forward, backward, send)` of lists: N forward and N backward durations
@@ -165,21 +172,44 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False):
     batch_size = check_arguments(profile, hardware, batch_size)
     checks.check_bool("recompute", recompute)
     stages = profile.stage_costs(cuts)
-    if len(stages) > hardware.num_gpus:
+    _check_devices_for(stages, 1, hardware, cuts)
+    if devices is None:
+        devices = list(range(len(stages)))
+    elif not isinstance(devices, (list, tuple)) or len(devices) != len(stages):
         raise ValueError(
-            f"A pipeline needs one device per stage: {len(stages)} stages (cuts={list(cuts)}) "
-            f"but hardware.num_gpus={hardware.num_gpus}. Use at most "
-            f"{hardware.num_gpus - 1} cuts or more devices."
+            f"`devices` must list one device index per stage ({len(stages)}). "
+            f"Received: devices={devices!r}"
         )
-    scale = time_scale(profile, hardware, batch_size)
+    forward, backward = _passes(stages, time_scale(profile, hardware, batch_size), recompute)
+    send = [
+        hardware.transfer_time(s.output_bytes * batch_size, devices[k], devices[k + 1])
+        for k, s in enumerate(stages[:-1])
+    ]
+    return forward, backward, send
+
+
+def _passes(stages, scale, recompute):
+    """Forward and backward seconds of each stage (see `pipeline_times`)."""
     last = len(stages) - 1
     forward = [s.forward_time * scale for s in stages]
     backward = [
         s.backward_time * scale + (forward[k] if recompute and k < last else 0.0)
         for k, s in enumerate(stages)
     ]
-    send = [hardware.transfer_time(s.output_bytes * batch_size) for s in stages[:-1]]
-    return forward, backward, send
+    return forward, backward
+
+
+def _check_devices_for(stages, replicas, hardware, cuts):
+    """Refuses more stages times replicas than devices."""
+    needed = len(stages) * replicas
+    if needed > hardware.num_gpus:
+        copies = f" x {replicas} replicas" if replicas > 1 else ""
+        raise ValueError(
+            f"A pipeline needs one device per stage{' and replica' if replicas > 1 else ''}: "
+            f"{len(stages)} stages (cuts={list(cuts)}){copies} but hardware.num_gpus="
+            f"{hardware.num_gpus}. Use at most {hardware.num_gpus // replicas - 1} cuts"
+            f"{', fewer replicas' if replicas > 1 else ''} or more devices."
+        )
 
 
 def predict_pipeline(
@@ -193,7 +223,8 @@ def predict_pipeline(
     With `num_batches = T`, the epoch (fill and drain included) is timed by
     `simulate.simulate_epoch` over the real schedule. When fewer than N devices can
     compute at once (`hardware.concurrency < N`), no mini-batch can take less than the
-    total compute divided by the concurrency.
+    total compute divided by the concurrency. Stage k is on device k: on several hosts,
+    host 0's devices first, and the hops between hosts take the inter-host link.
 
     Args:
         profile: a `ModelProfile`.
@@ -215,27 +246,104 @@ def predict_pipeline(
         TypeError, ValueError: for invalid arguments or more stages than devices.
     """
     forward, backward, send = pipeline_times(profile, hardware, batch_size, cuts, recompute)
+    floor = sum(forward + backward) / hardware.concurrency
+    return _schedule_estimate(
+        "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
+        num_batches, overlap,
+    )
+
+
+def predict_hybrid(
+    profile, hardware, batch_size, cuts, replicas, num_batches=None, overlap=False,
+    recompute=False,
+):
+    """Predicts R data-parallel copies of the asynchronous N-stage pipeline.
+
+    Replica r's stage k is on device `r * N + k` (on several hosts, host 0's devices
+    first). Each mini-batch is split evenly: every replica's pipeline runs `batch / R`
+    examples, with the passes and hand-offs of `predict_pipeline` at that batch (the R
+    copies of a hand-off run at the same time; the slowest paces them). Before each
+    update, stage k's gradients (its weights' bytes `W_k`) are all-reduced over its R
+    copies by a ring over devices `k, N + k, ..., (R - 1) N + k` (`Hardware.allreduce_time`,
+    paced by its slowest hop, the inter-host one when the replicas are on different
+    hosts); the N stages reduce at the same time, each over its own devices' links
+    (sharing a host's network cards only with `Hardware.nics_per_host`). The stage is
+    busy until its reduction ends, so `A_k` adds to its backward, and the schedule is
+    the pipeline's (`simulate.steady_cycle`, `simulate.simulate_epoch`).
+
+    When fewer devices can compute at once than there are (`concurrency < R * N`), a
+    mini-batch takes at least `R * sum_k (F_k + B_k) / concurrency + min_k A_k`: the
+    replicas' compute shares the devices, and the shortest reduction is assumed to find
+    no other work to fill it (exact for N = 1, where every replica reduces at once).
+
+    `replicas=1` is `predict_pipeline` (with kind `"hybrid"`); one stage (`cuts=[]`) is
+    `predict_data_parallel` over R devices without overlap.
+
+    Args:
+        profile: a `ModelProfile`.
+        hardware: a `Hardware` with at least `replicas * (len(cuts) + 1)` devices.
+        batch_size: the global mini-batch, an int >= 1 (fractional per-replica batches
+            are fine: times scale linearly).
+        cuts: layer names or positions, each ending a stage (`best_cuts(...,
+            replicas=R)` chooses good ones).
+        replicas: `R`, an int >= 1.
+        num_batches, overlap, recompute: as `predict_pipeline` (`overlap` concerns the
+            hand-offs; the all-reduce never overlaps compute).
+
+    Returns:
+        An `Estimate` of kind `"hybrid"`; `communication_seconds` is the bounding stage's
+        hand-offs plus its all-reduce.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments or more stages x replicas than
+            devices.
+    """
+    batch_size = check_arguments(profile, hardware, batch_size)
+    replicas = checks.check_int("replicas", replicas, 1, meaning="copies of the pipeline")
+    checks.check_bool("recompute", recompute)
+    stages = profile.stage_costs(cuts)
+    _check_devices_for(stages, replicas, hardware, cuts)
+    n = len(stages)
+    examples = batch_size / replicas
+    forward, backward = _passes(stages, time_scale(profile, hardware, examples), recompute)
+    send = []
+    for k, s in enumerate(stages[:-1]):
+        links = hardware.links([(r * n + k, r * n + k + 1) for r in range(replicas)])
+        send.append(link_seconds(links, s.output_bytes * examples))
+    allreduce = hardware.allreduce_times(
+        [(s.weight_bytes, [r * n + k for r in range(replicas)]) for k, s in enumerate(stages)]
+    )
+    floor = replicas * sum(forward + backward) / hardware.concurrency + min(allreduce)
+    return _schedule_estimate(
+        "hybrid", batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
+    )
+
+
+def _schedule_estimate(
+    kind, batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
+):
+    """The `Estimate` of the 1F1B schedule with these durations (see `predict_hybrid`)."""
     checks.check_bool("overlap", overlap)
     n = len(forward)
+    busy = [b + a for b, a in zip(backward, allreduce)]  # a stage reduces, then updates
     # The bounding stage, as it appears without overlap, names the compute/communication split.
     sends = [(send[k] if k < n - 1 else 0.0) + (send[k - 1] if k > 0 else 0.0) for k in range(n)]
-    busiest = max(range(n), key=lambda k: forward[k] + backward[k] + sends[k])
-    floor = sum(forward + backward) / hardware.concurrency
-    cycle = max(simulate.steady_cycle(forward, backward, send, send, overlap), floor)
+    busiest = max(range(n), key=lambda k: forward[k] + busy[k] + sends[k])
+    cycle = max(simulate.steady_cycle(forward, busy, send, send, overlap), floor)
     epoch = None
     seconds = cycle
     if num_batches is not None:
         num_batches = checks.check_int(
             "num_batches", num_batches, 1, meaning="mini-batches per epoch"
         )
-        epoch = simulate.simulate_epoch(forward, backward, send, send, num_batches, overlap)
+        epoch = simulate.simulate_epoch(forward, busy, send, send, num_batches, overlap)
         epoch = max(epoch, num_batches * floor)
         seconds = epoch / num_batches
     return Estimate(
-        "pipeline",
+        kind,
         batch_size,
         seconds,
         forward[busiest] + backward[busiest],
-        sends[busiest],
+        sends[busiest] + allreduce[busiest],
         epoch,
     )

@@ -12,7 +12,11 @@ linearly and divided by `relative_speed`):
   their forward, so it recomputes the forward (`vanilla` and paper `spectrain`; never
   the last stage, whose forward and backward run back to back on the same weights).
 - `send`: the hand-offs: activations to the next stage and gradients to the previous one,
-  `latency + bytes / bandwidth` each (the bytes of every tensor crossing the cut).
+  `latency + bytes / bandwidth` each (the bytes of every tensor crossing the cut), over
+  the link of that hop (`hop_links`: the one between hosts where the hop crosses them).
+- `allreduce`: with `replicas` R > 1 copies of the pipeline, the ring all-reduce of the
+  stage's gradients over its R copies before each update (`hardware.ring_seconds` over
+  the stage's `ring_links`); each copy then runs `batch / R` examples.
 
 Memory, bytes on the stage's device:
 - `param_bytes`: trainable weights. `optimizer_bytes`: `optimizer_slots` copies of them
@@ -35,6 +39,7 @@ import dataclasses
 import math
 
 from tf_spectrain import checks, modes, schedule
+from tf_spectrain.costmodel.hardware import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
 
 
@@ -48,6 +53,8 @@ class StageEstimate:
         forward, backward, recompute, send: seconds per mini-batch.
         param_bytes, optimizer_bytes, activation_bytes, stash_bytes: bytes on its device.
         sent_bytes: bytes per mini-batch it hands to the next stage (0 for the last).
+        allreduce: seconds per mini-batch of its gradients' all-reduce over the replicas
+            (0 for one pipeline).
     """
 
     index: int
@@ -62,11 +69,12 @@ class StageEstimate:
     activation_bytes: float
     stash_bytes: float
     sent_bytes: float
+    allreduce: float = 0.0
 
     @property
     def seconds(self):
-        """Seconds per mini-batch: compute, recompute and hand-offs."""
-        return self.forward + self.backward + self.recompute + self.send
+        """Seconds per mini-batch: compute, recompute, hand-offs and all-reduce."""
+        return self.forward + self.backward + self.recompute + self.send + self.allreduce
 
     @property
     def memory_bytes(self):
@@ -92,6 +100,13 @@ class StageTerms:
         optimizer_slots: optimizer variables per weight, a number >= 0.
         relative_speed: how many times faster the devices compute than the profile
             measured, > 0.
+        replicas: `R`, copies of the pipeline, an int >= 1; each runs `batch_size / R`
+            examples per mini-batch.
+        hop_links: None (every hop has the link `bandwidth`, `latency`) or, per hop
+            `k -> k + 1`, a list of the `(bandwidth, latency)` of its R copies, which run
+            at the same time: the slowest prices the hop (`Hardware.links`).
+        ring_links: None (no all-reduce) or, per stage, the `(bandwidth, latency)` of the
+            hops of the ring over its R copies (`Hardware.ring_links`).
 
     Raises:
         TypeError, ValueError: for invalid arguments.
@@ -109,6 +124,9 @@ class StageTerms:
         latency=0.0,
         optimizer_slots=1,
         relative_speed=1.0,
+        replicas=1,
+        hop_links=None,
+        ring_links=None,
     ):
         self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
         self.profiles = _check_profiles(profiles, self.num_stages)
@@ -126,14 +144,28 @@ class StageTerms:
             "optimizer_slots", optimizer_slots, 0.0, meaning="optimizer variables per weight"
         )
         speed = checks.check_number("relative_speed", relative_speed, 0.0, strict=True)
+        self.replicas = checks.check_int("replicas", replicas, 1, meaning="pipeline copies")
+        self.hop_links = _check_links(
+            "hop_links", hop_links, self.num_stages - 1, [(self.bandwidth, self.latency)]
+        )
+        self.ring_links = _check_links("ring_links", ring_links, self.num_stages, [])
+        examples = self.batch_size / self.replicas
         self.last_layer = len(self.profiles[0]) - 1
         self._sums = {}
         for profile in self.profiles:
             if id(profile) not in self._sums:
-                scale = batch_size / profile.batch_size / speed
-                self._sums[id(profile)] = _PrefixSums(profile, scale, batch_size)
+                scale = examples / profile.batch_size / speed
+                self._sums[id(profile)] = _PrefixSums(profile, scale, examples)
         ref = self.profiles[0]
-        self._crossing = [layer.output_bytes * batch_size for layer in ref.layers]
+        self._crossing = [layer.output_bytes * examples for layer in ref.layers]
+        # transfer(bytes crossing after layer p, hop) for every p: stage k sends on hop k
+        # and receives on hop k - 1 (the default link at the ends).
+        tables = {None: [self.transfer(b) for b in self._crossing]}
+        for hop in range(self.num_stages - 1):
+            if self.hop_links[hop] != [(self.bandwidth, self.latency)]:
+                tables[hop] = [self.transfer(b, hop) for b in self._crossing]
+        self._sent_seconds = [tables.get(k, tables[None]) for k in range(self.num_stages)]
+        self._received_seconds = [tables.get(k - 1, tables[None]) for k in range(self.num_stages)]
         self._plans = [
             modes.pass_plan(mode, k, self.num_stages, spectrain_target)
             for k in range(self.num_stages)
@@ -149,11 +181,23 @@ class StageTerms:
             return 1
         return schedule.max_stashed(k, self.num_stages, self.num_stages)
 
-    def transfer(self, num_bytes):
-        """Seconds to hand `num_bytes` (one mini-batch's tensors) to a neighbour."""
-        if num_bytes == 0:
-            return 0.0
-        return self.micro_batches * self.latency + num_bytes / self.bandwidth
+    def transfer(self, num_bytes, hop=None):
+        """Seconds to hand `num_bytes` (one mini-batch's tensors) to a neighbour.
+
+        Args:
+            num_bytes: bytes per replica, >= 0.
+            hop: the hop `k` (between stages k and k + 1) whose links to use; None (or a
+                hop out of `0 .. N - 2`): the link `bandwidth`, `latency`.
+        """
+        if hop is None or not 0 <= hop < self.num_stages - 1:
+            links = [(self.bandwidth, self.latency)]
+        else:
+            links = self.hop_links[hop]
+        return link_seconds(links, num_bytes, self.micro_batches)
+
+    def allreduce(self, num_bytes, k):
+        """Seconds of stage `k`'s all-reduce of `num_bytes` of gradients over its replicas."""
+        return ring_seconds(self.ring_links[k], num_bytes)
 
     def estimate(self, first, last, k):
         """Prices the layers `first..last` as stage `k`.
@@ -168,7 +212,6 @@ class StageTerms:
         sums = self._sums[id(self.profiles[k])]
         forward, backward = sums.times(first, last)
         params = sums.params_between(first, last)
-        sent, received = self._handed_bytes(first, last)
         return StageEstimate(
             index=k,
             first=first,
@@ -176,20 +219,29 @@ class StageTerms:
             forward=forward,
             backward=backward,
             recompute=forward if self.recomputes(k) else 0.0,
-            send=self.transfer(sent) + self.transfer(received),
+            send=self._sends(first, last, k),
             param_bytes=params,
             optimizer_bytes=self.optimizer_slots * params,
             activation_bytes=self._activation_bytes(first, last, k),
             stash_bytes=self._stashed_versions(k) * params,
-            sent_bytes=sent,
+            sent_bytes=self._handed_bytes(first, last)[0],
+            allreduce=self.allreduce(params, k),
         )
 
     def seconds(self, first, last, k):
         """`estimate(first, last, k).seconds`, without building the estimate."""
-        forward, backward = self._sums[id(self.profiles[k])].times(first, last)
-        sent, received = self._handed_bytes(first, last)
+        sums = self._sums[id(self.profiles[k])]
+        forward, backward = sums.times(first, last)
         recompute = forward if self.recomputes(k) else 0.0
-        return forward + backward + recompute + self.transfer(sent) + self.transfer(received)
+        seconds = forward + backward + recompute + self._sends(first, last, k)
+        if self.replicas > 1:
+            seconds += self.allreduce(sums.params_between(first, last), k)
+        return seconds
+
+    def _sends(self, first, last, k):
+        """Seconds of stage `k`'s hand-offs: activations on (hop k), gradients back (k - 1)."""
+        on = 0.0 if last == self.last_layer else self._sent_seconds[k][last]
+        return on + (self._received_seconds[k][first - 1] if first > 0 else 0.0)
 
     def memory_bytes(self, first, last, k):
         """`estimate(first, last, k).memory_bytes`, without building the estimate."""
@@ -268,3 +320,31 @@ def _check_profiles(profiles, num_stages):
                 f"differs from profiles[0] ('{profiles[0].name}')."
             )
     return list(profiles)
+
+
+def _check_links(name, links, length, default):
+    """`links` as `length` lists of `(bandwidth, latency)`; None gives `default` each."""
+    if links is None:
+        return [list(default)] * length
+    if not isinstance(links, (list, tuple)) or len(links) != length:
+        raise ValueError(
+            f"`{name}` must be a list of {length} lists of (bandwidth, latency), one per "
+            f"{'hop' if name == 'hop_links' else 'stage'}. Received: {name}={links!r:.200}"
+        )
+    out = []
+    for i, group in enumerate(links):
+        checks.check_instance(f"{name}[{i}]", group, (list, tuple), " of (bandwidth, latency)")
+        pairs = []
+        for link in group:
+            if not isinstance(link, (list, tuple)) or len(link) != 2:
+                raise TypeError(
+                    f"`{name}[{i}]` must hold (bandwidth, latency) pairs. Received: {link!r}"
+                )
+            bandwidth, latency = link
+            pairs.append((
+                checks.check_number(f"{name}[{i}] bandwidth", bandwidth, 0.0, strict=True,
+                                    allow_inf=True, meaning="bytes per second"),
+                checks.check_number(f"{name}[{i}] latency", latency, 0.0, meaning="seconds"),
+            ))
+        out.append(pairs)
+    return out
