@@ -255,14 +255,6 @@ def summary(record):
     }
 
 
-def _spread(values, fmt):
-    values = sorted(values)
-    median = statistics.median(values)
-    if len(values) == 1:
-        return format(median, fmt)
-    return f"{format(median, fmt)} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
-
-
 def _own_measure(plan):
     """Max/mean of the stage times `auto_partition` measured for its plan ("-": none)."""
     times = [stage["measured_seconds"] for stage in plan["stages"]]
@@ -274,7 +266,7 @@ def balance_table(records):
     rows = []
     for rec in records:
         s = summary(rec)
-        cells = [_spread(s["cut_lists"][c]["balance"], ".2f") for c in CUT_LISTS]
+        cells = [common.spread(s["cut_lists"][c]["balance"], ".2f") for c in CUT_LISTS]
         plan = rec["plan"]
         rows.append([
             rec["model"], rec["stages"], f"{s['bound']:.3f}", *cells,
@@ -383,10 +375,7 @@ def main(argv=None):
                   f"{s['bound']:.3f}, max/mean {cells}; auto cuts {record['cuts']['auto']}; "
                   f"process {record['process']['wall']:.0f} s", file=sys.stderr, flush=True)
     text = report(records, args, (time.perf_counter() - start) / 60)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
     return records
 
 

@@ -530,6 +530,23 @@ def summarise(values):
     }
 
 
+def spread(values, fmt):
+    """`"median (min-max)"` of `values`, each formatted with `fmt` (one value: itself)."""
+    values = sorted(values)
+    median = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return median
+    return f"{median} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
+
+
+def publish(text, out=None):
+    """Prints a benchmark's report and, with `out` (its `--out`), writes it there too."""
+    print(text)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
 def markdown_table(header, rows):
     """A GitHub markdown table.
 

@@ -422,14 +422,6 @@ def measure(args, kind, where):
     return record
 
 
-def _spread(values, fmt):
-    values = sorted(values)
-    median = statistics.median(values)
-    if len(values) == 1:
-        return format(median, fmt)
-    return f"{format(median, fmt)} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
-
-
 def _rate(row):
     """GB/s of one tensor's hop (inf when the copy added no measurable time)."""
     return row["bytes"] / row["hop"] / 1e9 if row["hop"] > 0 else float("inf")
@@ -454,10 +446,10 @@ def link_table(records):
             if names != {first["name"]}:
                 raise ValueError(f"Rounds disagree on tensor {i}: {sorted(names)}")
             row += [
-                _spread([t["hop"] * 1e3 for t in tensors], ".3f"),
-                _spread([t["call"] * 1e3 for t in tensors], ".3f"),
-                "-" if first["name"] == TINY else _spread([_rate(t) for t in tensors], ".2f"),
-                _spread([t["cores_all"] for t in tensors], ".2f"),
+                common.spread([t["hop"] * 1e3 for t in tensors], ".3f"),
+                common.spread([t["call"] * 1e3 for t in tensors], ".3f"),
+                "-" if first["name"] == TINY else common.spread([_rate(t) for t in tensors], ".2f"),
+                common.spread([t["cores_all"] for t in tensors], ".2f"),
             ]
         rows.append(row)
     return common.markdown_table(header, rows)
@@ -470,8 +462,8 @@ def fit_table(records):
         fits = [rec["fit"] for rec in records[where]]
         rows.append([
             LABELS[where], " -> ".join(records[where][0]["devices"]),
-            _spread([f["bandwidth"] / 1e9 for f in fits], ".2f"),
-            _spread([f["latency"] * 1e3 for f in fits], ".3f"),
+            common.spread([f["bandwidth"] / 1e9 for f in fits], ".2f"),
+            common.spread([f["latency"] * 1e3 for f in fits], ".3f"),
         ])
     return common.markdown_table(["placement", "devices", "bandwidth (GB/s)", "latency (ms)"],
                                  rows)
@@ -487,10 +479,11 @@ def train_table(records, args):
             ratios = [r[window]["images_per_second"] / ref[window]["images_per_second"]
                       for r, ref in zip(runs, records["local"])]
             rows.append([
-                LABELS[where], f"{window} ({getattr(args, window)})", _spread(ips, ".1f"),
-                _spread(ratios, ".2f"), _spread([r[window]["cores"] for r in runs], ".2f"),
-                _spread([r[window]["cores_all"] for r in runs], ".2f"),
-                _spread([r[window]["started_after"] for r in runs], ".0f"),
+                LABELS[where], f"{window} ({getattr(args, window)})", common.spread(ips, ".1f"),
+                common.spread(ratios, ".2f"),
+                common.spread([r[window]["cores"] for r in runs], ".2f"),
+                common.spread([r[window]["cores_all"] for r in runs], ".2f"),
+                common.spread([r[window]["started_after"] for r in runs], ".0f"),
             ])
     return common.markdown_table(
         ["placement", "window", "images/s", "x local", "CPU/wall: trainer",
@@ -571,7 +564,7 @@ def report(results, args, minutes, command=None):
     starts = [r["workers_start_seconds"] for kind in results.values()
               for r in kind.get("remote", []) if "workers_start_seconds" in r]
     if starts:
-        lines += ["", f"Workers took {_spread(starts, '.1f')} s to start (both at once)."]
+        lines += ["", f"Workers took {common.spread(starts, '.1f')} s to start (both at once)."]
     return "\n".join(lines)
 
 
@@ -612,10 +605,7 @@ def main(argv=None):
                 common.append_jsonl(args.jsonl, dict(record, round=r))
             _progress(r, kind, where, record)
     text = report(results, args, (time.perf_counter() - start) / 60)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -368,10 +368,7 @@ def main(argv=None):
             "hybrid 2x4 / pipeline 8 and dp 8 / pipeline 8 for other GPU speeds:", "",
             sensitivity_table(profiles, args),
         ])
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ and reports images/s and process CPU time / wall time.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -128,13 +127,6 @@ def child(args):
     print(json.dumps(out))
 
 
-def _spread(values, fmt):
-    values = sorted(values)
-    median = format(statistics.median(values), fmt)
-    return median if len(values) == 1 else \
-        f"{median} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
-
-
 def _rates(record, task, path):
     """Images/s and CPU/wall of each window of `task` by `path` in one process."""
     windows = [w for w in record["windows"] if w["task"] == task and w["path"] == path]
@@ -167,10 +159,10 @@ def table(rounds, args, minutes):
                 vs_ref.append(best / max(_rates(r[REFERENCE], task, "keras")[0]))
                 vs_seq.append(best / max(_rates(r[PIPELINE], task, "sequential")[0])
                               if path != "keras" else float("nan"))
-            seq = "-" if path == "keras" else _spread(vs_seq, ".2f")
+            seq = "-" if path == "keras" else common.spread(vs_seq, ".2f")
             lines.append(f"| {task} | {'keras-1core' if path == 'keras' else path} | "
-                         f"{_spread(ips, '.1f')} | {_spread(vs_ref, '.2f')} | {seq} | "
-                         f"{_spread(cores, '.2f')} |")
+                         f"{common.spread(ips, '.1f')} | {common.spread(vs_ref, '.2f')} | {seq} | "
+                         f"{common.spread(cores, '.2f')} |")
     return "\n".join(lines)
 
 
@@ -195,10 +187,7 @@ def main(argv=None):
     text = table(rounds, args, (time.perf_counter() - start) / 60)
     text += "\n\nCuts by round: " + "; ".join(
         ", ".join(r[PIPELINE]["cuts"] or ["-"]) for r in rounds) + "."
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
     return None
 
 

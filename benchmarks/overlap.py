@@ -27,7 +27,6 @@ Every configuration gets the same batches, from a `tf.data` dataset without auto
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -155,14 +154,6 @@ def measure(name, kind, args):
     return common.run_json_child("benchmarks.overlap", flags, name)
 
 
-def _spread(values, fmt):
-    values = sorted(values)
-    median = statistics.median(values)
-    if len(values) == 1:
-        return format(median, fmt)
-    return f"{format(median, fmt)} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
-
-
 def table(results, args, minutes):
     """Markdown: per configuration and window, medians (range) over rounds."""
     where = (
@@ -192,9 +183,9 @@ def table(results, args, minutes):
                       for r, ref in zip(runs, reference)]
             lines.append(
                 f"| {name} | {window} ({args.short if window == 'short' else args.long}) | "
-                f"{_spread(ips, '.1f')} | {_spread(ratios, '.2f')} | "
-                f"{_spread([r[window]['cores'] for r in runs], '.2f')} | "
-                f"{_spread([r[window]['started_after'] for r in runs], '.0f')} |"
+                f"{common.spread(ips, '.1f')} | {common.spread(ratios, '.2f')} | "
+                f"{common.spread([r[window]['cores'] for r in runs], '.2f')} | "
+                f"{common.spread([r[window]['started_after'] for r in runs], '.0f')} |"
             )
     return "\n".join(lines)
 
@@ -235,10 +226,7 @@ def main(argv=None):
                   f"{record['long']['cores']:.2f}", file=sys.stderr, flush=True)
     text = table(results, args, (time.perf_counter() - start) / 60)
     text += "\n\nEvery run:\n\n" + runs_table(results)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
     return None
 
 

@@ -544,10 +544,7 @@ def main():
         text += ["", "Validation on this machine (images/s):", ""]
         text += validate(args, log)
     text += ["", f"Total {(time.perf_counter() - start) / 60:.1f} min."]
-    print("\n".join(text))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(text) + "\n")
+    common.publish("\n".join(text), args.out)
 
 
 if __name__ == "__main__":

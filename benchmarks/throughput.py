@@ -251,10 +251,7 @@ def main():
             print(f"round {r + 1}: {name} N={depth}: {results[(name, depth)][-1]}",
                   file=sys.stderr, flush=True)
     text = table(results, args, time.perf_counter() - start)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    common.publish(text, args.out)
 
 
 if __name__ == "__main__":
