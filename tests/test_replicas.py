@@ -257,3 +257,23 @@ def test_bad_replicas_flags_are_refused_before_any_work(settings, message):
     with pytest.raises(ValueError) as caught:
         RunConfig(model="mlp", gpus=4, **settings)
     assert message in str(caught.value)
+
+
+def test_replicas_and_a_mirrored_strategy_in_one_process_do_not_clash():
+    strategy = tf.distribute.MirroredStrategy(DEVICES[:2])
+
+    def mirrored_sum():
+        @tf.function
+        def step():
+            return strategy.reduce(
+                "SUM", strategy.run(lambda: tf.cast(tf.distribute.get_replica_context()
+                                                    .replica_id_in_sync_group, tf.float32) + 1.0),
+                axis=None)
+        return float(step())
+
+    assert mirrored_sum() == pytest.approx(3.0)
+    _, model, _, _ = trained("sync", "paper", 1, 2, DEVICES, epochs=1)
+    _, single, _, _ = trained("sync", "paper", 1, 1, DEVICES[:2], epochs=1)
+    assert mirrored_sum() == pytest.approx(3.0)
+    for a, b in zip(model.get_weights(), single.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
