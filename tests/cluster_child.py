@@ -1,17 +1,21 @@
 """Child process of test_worker: the trainer's side, which must not run in pytest's process.
 
-    python tests/cluster_child.py --cluster h0:p0,h1:p1 [--per-worker G] [--timeout S] [--ops]
-    TF_CONFIG=... python tests/cluster_child.py --cluster TF_CONFIG
+    python tests/cluster_child.py CASES_JSON
+
+CASES_JSON is a list of cases, run one after the other in this process, each a dict:
+`name`, `cluster` (`h0:p0,h1:p1`, or "TF_CONFIG" to pass None and read the `tf_config`
+entry, which is put in the environment), and optional `per_worker`, `timeout` and `ops`.
 
 `connect_cluster` reconfigures the process's eager context (tests/conftest.py has already
-initialised pytest's with 4 local devices), so the trainer runs here. Prints one JSON line:
-the devices and the connect time, or the error's type and message; with `--ops`, also a
-matmul and a variable placed on task 1 next to the same computed locally with NumPy.
+initialised pytest's with 4 local devices), so the trainer runs here. Prints one JSON line,
+`{name: result}`: for each case the devices and the connect time, or the error's type and
+message; with `ops`, also a matmul and a variable placed on task 1 next to the same
+computed locally with NumPy. A case that fails does not stop the next ones.
 """
 
-import argparse
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -35,33 +39,41 @@ def remote_ops(tf, np):
     }
 
 
+def run_case(case, tf, np, tf_spectrain):
+    """Connects as `case` says; returns what the test checks."""
+    if case.get("tf_config") is not None:
+        os.environ["TF_CONFIG"] = case["tf_config"]
+    cluster = None if case["cluster"] == "TF_CONFIG" else case["cluster"]
+    start = time.monotonic()
+    try:
+        devices = tf_spectrain.connect_cluster(
+            cluster, devices_per_worker=case.get("per_worker"),
+            timeout=case.get("timeout", 5.0))
+    except Exception as error:  # reported to the test, which checks it
+        return {"error": type(error).__name__, "message": str(error),
+                "elapsed": time.monotonic() - start}
+    result = {"devices": devices, "elapsed": time.monotonic() - start,
+              "local": tf.config.list_logical_devices()[0].name}
+    if case.get("ops"):
+        result.update(remote_ops(tf, np))
+    return result
+
+
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cluster", required=True)
-    parser.add_argument("--per-worker", type=int, default=None)
-    parser.add_argument("--timeout", type=float, default=5.0)
-    parser.add_argument("--ops", action="store_true")
-    args = parser.parse_args()
+    cases = json.loads(sys.argv[1])
 
     import numpy as np
     import tensorflow as tf
 
     import tf_spectrain
 
-    cluster = None if args.cluster == "TF_CONFIG" else args.cluster
-    start = time.monotonic()
-    try:
-        devices = tf_spectrain.connect_cluster(
-            cluster, devices_per_worker=args.per_worker, timeout=args.timeout)
-    except Exception as error:  # reported to the test, which checks it
-        print(json.dumps({"error": type(error).__name__, "message": str(error),
-                          "elapsed": time.monotonic() - start}), flush=True)
-        return
-    result = {"devices": devices, "elapsed": time.monotonic() - start,
-              "local": tf.config.list_logical_devices()[0].name}
-    if args.ops:
-        result.update(remote_ops(tf, np))
-    print(json.dumps(result), flush=True)
+    results = {}
+    for case in cases:
+        try:
+            results[case["name"]] = run_case(case, tf, np, tf_spectrain)
+        except Exception as error:  # a failure of the case itself (remote_ops, say)
+            results[case["name"]] = {"failed": f"{type(error).__name__}: {error}"}
+    print(json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Child process of test_worker: a server that is not the worker the trainer expects.
+"""Child process of test_worker: the servers of the version check, in one process.
 
-    python tests/cluster_fake_worker.py --cluster C --task T --play old|plain
+    python tests/cluster_fake_worker.py --cluster C --play T:old [--play T:real ...]
 
-`old` is a tf_spectrain worker that publishes tf_spectrain version 0.0.1; `plain` is a bare
-`tf.distribute.Server`, with no tf_spectrain record. Prints "ready" and waits to be killed.
+Serves each task T named, in this one process: `old` is a tf_spectrain worker that
+publishes tf_spectrain version 0.0.1; `real` is what `python -m tf_spectrain.worker`
+serves (`server.start_worker` with the real versions); `plain` is a bare
+`tf.distribute.Server`, with no tf_spectrain record. Prints "ready" once every server is
+up, and waits to be killed.
 """
 
 import argparse
@@ -18,8 +21,8 @@ OLD_VERSION = "0.0.1"
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cluster", required=True)
-    parser.add_argument("--task", type=int, required=True)
-    parser.add_argument("--play", choices=["old", "plain"], required=True)
+    parser.add_argument("--play", action="append", required=True,
+                        help="T:old, T:real or T:plain, the task to serve and how")
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -27,14 +30,21 @@ def main():
     from tf_spectrain.cluster import server, spec
 
     cluster = spec.parse_cluster(args.cluster)
-    if args.play == "old":
-        keep = server.start_worker(cluster, args.task, bind_all=True,
-                                   versions={"tf_spectrain": OLD_VERSION})
-    else:
-        keep = tf.distribute.Server(tf.train.ClusterSpec(cluster.jobs()), job_name="worker",
-                                    task_index=args.task)
+    keep = []
+    for play in args.play:
+        task, kind = play.split(":")
+        if kind == "old":
+            keep.append(server.start_worker(cluster, int(task), bind_all=True,
+                                            versions={"tf_spectrain": OLD_VERSION}))
+        elif kind == "real":
+            keep.append(server.start_worker(cluster, int(task), bind_all=True))
+        elif kind == "plain":
+            keep.append(tf.distribute.Server(tf.train.ClusterSpec(cluster.jobs()),
+                                             job_name="worker", task_index=int(task)))
+        else:
+            parser.error(f"--play {play}: the kind must be old, real or plain")
     print("ready", flush=True)
-    while keep is not None:
+    while keep:
         time.sleep(1)
 
 

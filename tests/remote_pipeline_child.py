@@ -1,7 +1,8 @@
 """Child process of test_remote_pipeline: the trainer of a pipeline across loopback workers.
 
     python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain
-    python tests/remote_pipeline_child.py --cluster ... --slow 2.5 --deadline 1 --stop PID
+    python tests/remote_pipeline_child.py --cluster ... --slow 1.2 --deadline 0.4 \
+        --interval 0.3 --stop PID
 
 Connects (2 devices per worker), trains a small MLP as a 4-stage pipeline on the workers'
 devices, then the same pipeline from the same weights on this process' own CPU, and prints
@@ -11,11 +12,12 @@ against one pipeline with the same batch on this process' CPU.
 
 The watchdog (tf_spectrain.cluster.watchdog) instead: `--slow S` trains 2 mini-batches of
 a model whose stage 3 (worker 1's CPU:1) busies its worker for S seconds in every forward,
-with the watchdog's deadline set to `--deadline`, and reports the error (None), stage 3's
-forwards and the watchdog's checks (task, start and end times); `--stop
-PID` then stops that worker (SIGSTOP) during the first epoch of the default watchdog and
-reports how long `fit` took to fail, the error, the threads left, and, after killing the
-stopped worker (SIGKILL), the threads still left.
+with the watchdog's deadline set to `--deadline` (and its interval to `--interval`, if
+given), and reports the error (None), stage 3's forwards and the watchdog's checks (task,
+start and end times); `--stop PID` then stops that worker (SIGSTOP) once the first epoch
+of the default watchdog has trained 5 mini-batches, and reports how long `fit` took to
+fail, the error, the threads left, and, after killing the stopped worker (SIGKILL), the
+pipeline's and the watchdog's threads still left once those have ended (or 10 s passed).
 """
 
 import argparse
@@ -62,8 +64,11 @@ def build_slow(keras, tf, seconds):
     return keras.Model(inputs, h)
 
 
-def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, np):
-    """Trains 2 mini-batches past a busy stage 3 with watchdog deadline `deadline`."""
+def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, interval, np):
+    """Trains 2 mini-batches past a busy stage 3 with watchdog deadline `deadline`.
+
+    `interval` (None: the default) is the watchdog's pause between rounds of checks.
+    """
     from tf_spectrain.cluster import watchdog
 
     checks = []
@@ -75,7 +80,7 @@ def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, np):
         checks.append((probe.task, start, time.perf_counter()))
 
     watchdog.WorkerProbe.__call__ = timed
-    before = watchdog.configure(deadline=deadline)
+    before = watchdog.configure(deadline=deadline, interval=interval)
     model = build_slow(keras, tf, seconds)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(16, 6)).astype("float32"), np.arange(16) % 3
@@ -93,7 +98,7 @@ def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, np):
 
 
 def stop_run(tf_spectrain, keras, devices, pid, np):
-    """Stops worker `pid` 2 s into training; reports the failure and the threads left."""
+    """Stops worker `pid` 5 batches into training; reports the failure and the threads left."""
     import tensorflow as tf
 
     model = build(keras)
@@ -101,14 +106,16 @@ def stop_run(tf_spectrain, keras, devices, pid, np):
     x = rng.normal(size=(8000, 6)).astype("float32")
     stopped = []
 
-    def stop():
-        time.sleep(2.0)
-        os.kill(pid, signal.SIGSTOP)
-        stopped.append(time.monotonic())
+    class Stop(keras.callbacks.Callback):
+        # In the caller's thread, between mini-batches: the stages run on meanwhile.
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4 and not stopped:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(time.monotonic())
 
-    threading.Thread(target=stop, daemon=True).start()
     try:
-        train(tf_spectrain, keras, model, devices, "stash", x, np.arange(8000) % 3)
+        train(tf_spectrain, keras, model, devices, "stash", x, np.arange(8000) % 3,
+              callbacks=[Stop()])
         result = {"error": None}
     except Exception as error:  # reported to the test, which checks it
         result = {"error": type(error).__name__, "message": str(error),
@@ -125,19 +132,22 @@ def stop_run(tf_spectrain, keras, devices, pid, np):
 
 
 def ours():
-    """The names of the pipeline's and the watchdog's threads still running."""
-    return sorted(t.name for t in threading.enumerate()
-                  if t.name.startswith(("stage-", "tf_spectrain-")))
+    """The names of the pipeline's and the watchdog's threads still running.
+
+    Not the data iterators' reaper ("tf_spectrain-iterator-reaper"), which lives on.
+    """
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(
+        ("stage-", "tf_spectrain-wait", "tf_spectrain-watchdog", "tf_spectrain-check")))
 
 
-def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, replicas=1,
-          cuts=("d0", "d1", "d2")):
-    cuts = list(cuts)
-    pipe = tf_spectrain.PipelineModel(model, cuts=cuts, devices=devices, mode=mode,
+def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, callbacks=None,
+          replicas=1, cuts=("d0", "d1", "d2")):
+    pipe = tf_spectrain.PipelineModel(model, cuts=list(cuts), devices=devices, mode=mode,
                                       replicas=replicas)
     pipe.compile(tf_spectrain.SpecTrainSGD(0.1, momentum=0.9),
                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = pipe.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+    history = pipe.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+                       callbacks=callbacks)
     return pipe, history.history["loss"]
 
 
@@ -148,6 +158,7 @@ def main():
     parser.add_argument("--stop", type=int, default=None)
     parser.add_argument("--slow", type=float, default=None)
     parser.add_argument("--deadline", type=float, default=1.0)
+    parser.add_argument("--interval", type=float, default=None)
     args = parser.parse_args()
 
     import keras
@@ -161,7 +172,7 @@ def main():
         result = {}
         if args.slow is not None:
             result["busy"] = busy_run(tf_spectrain, keras, tf, devices, args.slow,
-                                      args.deadline, np)
+                                      args.deadline, args.interval, np)
         if args.stop is not None:
             result["stop"] = stop_run(tf_spectrain, keras, devices, args.stop, np)
         print(json.dumps(result), flush=True)

@@ -5,9 +5,9 @@ for a local pipeline.
 The watchdog and `EpochRun` are checked with fake probes and fake stages (a stage "blocked
 in a remote op" waits on an event that only the test sets). Then a real pipeline across two
 loopback workers: the trainer runs in a subprocess (tests/remote_pipeline_child.py), which
-first trains past a stage whose every forward keeps its worker busy for 2.5 s under a
-watchdog deadline of 1 s, then stops (SIGSTOP) worker 1 in the middle of an epoch under the
-default watchdog, and kills it (SIGKILL) at the end.
+first trains past a stage whose every forward keeps its worker busy for 1.2 s under a
+watchdog deadline of 0.4 s (checks every 0.3 s), then stops (SIGSTOP) worker 1 in the middle
+of an epoch under the default watchdog, and kills it (SIGKILL) at the end.
 """
 
 import threading
@@ -284,13 +284,18 @@ def test_a_local_epoch_starts_no_watchdog(fake_cluster):
 # --- a real pipeline across two loopback workers -----------------------------------------
 
 
+BUSY_SECONDS = 1.2  # each forward of the busy stage
+BUSY_DEADLINE = 0.4  # the watchdog's deadline while it runs: a third of a forward
+BUSY_INTERVAL = 0.3  # between rounds of checks: about 4 rounds in each forward
+
+
 @pytest.fixture(scope="module")
 def child_result(tmp_path_factory):
     workers = _workers(tmp_path_factory.mktemp("watchdog"))
     cluster, procs = next(workers)
     try:
-        result = run_child("--cluster", cluster, "--slow", 2.5, "--deadline", 1.0,
-                           "--stop", procs[1].pid)
+        result = run_child("--cluster", cluster, "--slow", BUSY_SECONDS, "--deadline",
+                           BUSY_DEADLINE, "--interval", BUSY_INTERVAL, "--stop", procs[1].pid)
     finally:
         workers.close()  # kills both workers by pid
     return dict(result, cluster=cluster)
@@ -300,12 +305,14 @@ def test_a_busy_worker_is_not_declared_lost(child_result):
     busy = child_result["busy"]
     assert busy["error"] is None
     forwards = busy["forwards"]
-    assert len(forwards) == 2 and all(end - start > 2.4 for start, end in forwards)
-    # Worker 1 was checked while it ran stage 3's long forwards, and answered at once.
+    assert len(forwards) == 2 and all(
+        end - start > BUSY_SECONDS - 0.1 for start, end in forwards)
+    # Worker 1 was checked while it ran stage 3's long forwards, and answered at once
+    # (within half the deadline; measured: a few ms).
     during = [(s, e) for task, s, e in busy["checks"] if task == 1
               and any(fs < s and e < fe for fs, fe in forwards)]
     assert len(during) >= 2, busy
-    assert max(e - s for s, e in during) < 0.5
+    assert max(e - s for s, e in during) < min(0.5, BUSY_DEADLINE / 2)
 
 
 def test_a_stopped_worker_fails_fit_within_the_target_naming_it(child_result):

@@ -1,9 +1,11 @@
 """`python -m tf_spectrain.worker` and `tf_spectrain.connect_cluster`, on 127.0.0.1 only.
 
-Workers run as subprocesses on free loopback ports; each test stops the processes it
-started by their pid, also when it fails. The trainer runs in a subprocess too
-(tests/cluster_child.py): `experimental_connect_to_cluster` reconfigures the eager
-context, which pytest's process shares with every other test.
+Workers run as subprocesses on free loopback ports; the tests stop the processes they
+started by their pid, also when they fail. The workers the trainer connects to are started
+once for the module (`servers`), and the trainer runs once too (`trainer`), in a subprocess
+(tests/cluster_child.py) that makes every connection the tests check, one after the other,
+and reports each: `experimental_connect_to_cluster` reconfigures the eager context, which
+pytest's process shares with every other test.
 """
 
 import json
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tensorflow as tf
@@ -96,61 +99,107 @@ def processes(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    """Two workers of 2 CPU devices each on 127.0.0.1: (cluster, [(proc, line), ...])."""
-    procs = Processes(tmp_path_factory.mktemp("workers"))
+def servers(tmp_path_factory):
+    """Every worker process the trainer connects to, started at once; killed at the end.
+
+    `cluster`: two workers of 2 CPU devices each (`pair`: each with the line it printed,
+    and `alive`, whether it was still running once all had printed theirs); `table`: what
+    `ss -ltnpH` showed then (None without `ss`). `mixed`: the version check's 3 tasks, all
+    in one process (tests/cluster_fake_worker.py): an old tf_spectrain worker, a real one
+    and a plain TensorFlow server. `jobs`: a worker of 2 CPU devices started from TF_CONFIG
+    (`configured`, with its line), and the trainer's chief address.
+    """
+    procs = Processes(tmp_path_factory.mktemp("servers"))
     try:
-        cluster = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        started = [procs.worker(cluster, t, "--cpu-devices", 2, "--bind-all") for t in (0, 1)]
-        lines = [procs.wait_line(p, "^tf_spectrain worker: ") for p in started]
-        yield cluster, list(zip(started, lines))
+        cluster = ",".join(f"127.0.0.1:{free_port()}" for _ in range(2))
+        mixed = ",".join(f"127.0.0.1:{free_port()}" for _ in range(3))
+        jobs = {"worker": [f"127.0.0.1:{free_port()}"], "chief": [f"127.0.0.1:{free_port()}"]}
+        pair = [procs.worker(cluster, t, "--cpu-devices", 2, "--bind-all") for t in (0, 1)]
+        fake = procs.start([FAKE, "--cluster", mixed, "--play", "0:old", "--play", "1:real",
+                            "--play", "2:plain"])
+        configured = procs.start(["-m", "tf_spectrain.worker", "--bind-all", "--cpu-devices", 2],
+                                 TF_CONFIG=tf_config(jobs, "worker"))
+        lines = [procs.wait_line(p, "^tf_spectrain worker: ") for p in (*pair, configured)]
+        procs.wait_line(fake, "^ready$")
+        alive = [p.poll() is None for p in pair]
+        table = None if shutil.which("ss") is None else subprocess.run(
+            ["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+        yield SimpleNamespace(procs=procs, cluster=cluster, pair=list(zip(pair, lines[:2])),
+                              alive=alive, table=table, mixed=mixed, jobs=jobs,
+                              configured=configured, configured_line=lines[2])
     finally:
         procs.kill_all()
 
 
-def run_trainer(*args, timeout=120, **env):
-    """Runs tests/cluster_child.py; returns its JSON result."""
-    done = subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True,
-                          text=True, env=child_env(**env), cwd=HERE.parent, timeout=timeout)
+def tf_config(jobs, kind):
+    return json.dumps({"cluster": jobs, "task": {"type": kind, "index": 0}})
+
+
+@pytest.fixture(scope="module")
+def trainer(servers):
+    """Runs tests/cluster_child.py once, for every case; returns `(completed run, dead)`.
+
+    `dead[k]` is the cluster whose task k is an address that nothing listens on. The cases
+    that connect come after those that cannot; the one that makes the trainer the chief
+    comes last (it starts a server in the trainer).
+    """
+    a, b = servers.cluster.split(",")
+    dead = [f"127.0.0.1:{free_port()},{b}", f"{a},127.0.0.1:{free_port()}"]
+    cases = [
+        *({"name": f"dead{k}", "cluster": dead[k], "timeout": 1.0} for k in (0, 1)),
+        {"name": "ops", "cluster": servers.cluster, "per_worker": 2, "ops": True},
+        {"name": "per_worker_1", "cluster": servers.cluster, "per_worker": 1},
+        {"name": "per_worker_3", "cluster": servers.cluster, "per_worker": 3},
+        {"name": "swapped", "cluster": f"{b},{a}"},
+        {"name": "versions", "cluster": servers.mixed},
+        {"name": "chief", "cluster": "TF_CONFIG", "tf_config": tf_config(servers.jobs, "chief")},
+    ]
+    done = subprocess.run([sys.executable, str(CHILD), json.dumps(cases)], capture_output=True,
+                          text=True, env=child_env(), cwd=HERE.parent, timeout=300)
+    return done, dead
+
+
+def result_of(trainer, name):
+    """The JSON result of case `name` of the trainer's run."""
+    done, _ = trainer
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, (done.returncode, done.stdout, done.stderr[-3000:])
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])[name]
+    assert "failed" not in result, result
+    return result
 
 
 def device(task, index):
     return f"/job:worker/replica:0/task:{task}/device:CPU:{index}"
 
 
-def test_worker_prints_the_address_it_serves_and_its_devices(two_workers):
-    cluster, workers = two_workers
-    for task, (proc, line) in enumerate(workers):
-        address = cluster.split(",")[task]
+def test_worker_prints_the_address_it_serves_and_its_devices(servers):
+    for task, (_, line) in enumerate(servers.pair):
+        address = servers.cluster.split(",")[task]
         port = address.rsplit(":", 1)[1]
         assert line == (
             f"tf_spectrain worker: task {task} of 2 serves {address} (listening on "
             f"[::]:{port}: every interface); devices: {device(task, 0)}, {device(task, 1)}; "
             f"TensorFlow {tf.__version__}, tf_spectrain {tf_spectrain.__version__}"
         )
-        assert proc.poll() is None
+        assert servers.alive[task]
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
-def test_tensorflow_binds_every_interface_as_the_worker_says(two_workers):
-    # Read by `ss`, independently of the worker's own /proc reading: TensorFlow 2.21 binds
-    # the port on a dual-stack wildcard socket ([::], shown as "*"), not on 127.0.0.1.
-    cluster, workers = two_workers
-    table = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True,
-                           check=True).stdout
-    for task, (proc, line) in enumerate(workers):
-        port = cluster.split(",")[task].rsplit(":", 1)[1]
+def test_tensorflow_binds_every_interface_as_the_worker_says(servers):
+    # Read by `ss` (while the workers ran, before any test signals one), independently of
+    # the worker's own /proc reading: TensorFlow 2.21 binds the port on a dual-stack
+    # wildcard socket ([::], shown as "*"), not on 127.0.0.1.
+    table = servers.table
+    for task, (proc, line) in enumerate(servers.pair):
+        port = servers.cluster.split(",")[task].rsplit(":", 1)[1]
         mine = [row.split()[3] for row in table.splitlines() if f"pid={proc.pid}," in row]
         assert mine == [f"*:{port}"], table
         assert "every interface" in line
 
 
-def test_connect_cluster_lists_the_devices_and_runs_ops_and_variables_remotely(two_workers):
-    cluster, _ = two_workers
-    result = run_trainer("--cluster", cluster, "--per-worker", 2, "--ops")
+def test_connect_cluster_lists_the_devices_and_runs_ops_and_variables_remotely(trainer):
+    result = result_of(trainer, "ops")
     assert result["devices"] == [device(0, 0), device(0, 1), device(1, 0), device(1, 1)]
     assert result["elapsed"] < 10
     assert result["matmul_device"] == device(1, 1)
@@ -159,22 +208,18 @@ def test_connect_cluster_lists_the_devices_and_runs_ops_and_variables_remotely(t
     assert result["variable_max_error"] < 1e-6
 
 
-def test_connect_cluster_takes_the_devices_per_worker_asked_for(two_workers):
-    cluster, _ = two_workers
-    assert run_trainer("--cluster", cluster, "--per-worker", 1)["devices"] == [
-        device(0, 0), device(1, 0)]
-    result = run_trainer("--cluster", cluster, "--per-worker", 3)
+def test_connect_cluster_takes_the_devices_per_worker_asked_for(trainer):
+    assert result_of(trainer, "per_worker_1")["devices"] == [device(0, 0), device(1, 0)]
+    result = result_of(trainer, "per_worker_3")
     assert result["error"] == "ValueError"
     assert ("task 0 (" in result["message"] and "has 2 CPU device(s)" in result["message"]
             and "start it with --cpu-devices 3" in result["message"])
 
 
 @pytest.mark.parametrize("dead", [0, 1])
-def test_an_address_that_is_not_listening_is_named_within_the_timeout(two_workers, dead):
-    cluster, _ = two_workers
-    addresses = cluster.split(",")
-    addresses[dead] = f"127.0.0.1:{free_port()}"
-    result = run_trainer("--cluster", ",".join(addresses), "--timeout", 1.0)
+def test_an_address_that_is_not_listening_is_named_within_the_timeout(trainer, dead):
+    addresses = trainer[1][dead].split(",")
+    result = result_of(trainer, f"dead{dead}")
     assert result["error"] == "ConnectionError"
     assert result["message"].startswith(
         f"Worker task {dead} ({addresses[dead]}) is not listening: connection "
@@ -183,24 +228,18 @@ def test_an_address_that_is_not_listening_is_named_within_the_timeout(two_worker
     assert 0.9 < result["elapsed"] < 3.0
 
 
-def test_workers_started_with_another_cluster_are_refused(two_workers):
-    cluster, _ = two_workers
-    a, b = cluster.split(",")
-    result = run_trainer("--cluster", f"{b},{a}")
+def test_workers_started_with_another_cluster_are_refused(servers, trainer):
+    a, b = servers.cluster.split(",")
+    result = result_of(trainer, "swapped")
     assert result["error"] == "RuntimeError"
-    assert (f"task 0 ({b}) was started as task 1 of --cluster {cluster} (restart it with "
-            f"--cluster {b},{a} --task 0); task 1 ({a}) was started as task 0") in (
+    assert (f"task 0 ({b}) was started as task 1 of --cluster {servers.cluster} (restart it "
+            f"with --cluster {b},{a} --task 0); task 1 ({a}) was started as task 0") in (
                 result["message"])
 
 
-def test_the_version_check_names_every_worker_that_differs(processes):
-    cluster = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-    fakes = [processes.start([FAKE, "--cluster", cluster, "--task", 0, "--play", "old"]),
-             processes.worker(cluster, 1, "--bind-all"),
-             processes.start([FAKE, "--cluster", cluster, "--task", 2, "--play", "plain"])]
-    for proc in fakes:
-        processes.wait_line(proc, "^ready$|^tf_spectrain worker: ")
-    result = run_trainer("--cluster", cluster)
+def test_the_version_check_names_every_worker_that_differs(servers, trainer):
+    cluster = servers.mixed
+    result = result_of(trainer, "versions")
     assert result["error"] == "RuntimeError"
     a, b, c = cluster.split(",")
     assert result["message"] == (
@@ -214,17 +253,25 @@ def test_the_version_check_names_every_worker_that_differs(processes):
     assert f"task 1 ({b})" not in result["message"]
 
 
-def test_sigterm_and_sigint_stop_a_worker_with_exit_code_0(processes):
-    workers = {name: processes.worker(f"127.0.0.1:{free_port()}", 0, "--bind-all")
-               for name in ("SIGTERM", "SIGINT")}
-    for proc in workers.values():
-        processes.wait_line(proc, "^tf_spectrain worker: ")
+def test_tf_config_starts_a_worker_and_makes_the_trainer_the_chief(servers, trainer):
+    assert servers.configured_line.startswith(
+        f"tf_spectrain worker: task 0 of 1 serves {servers.jobs['worker'][0]} (listening on ")
+    result = result_of(trainer, "chief")
+    assert result["devices"] == [device(0, 0), device(0, 1)]
+    assert result["local"] == "/job:chief/replica:0/task:0/device:CPU:0"
+
+
+def test_sigterm_and_sigint_stop_a_worker_with_exit_code_0(servers, trainer):
+    # Worker 1 of the pair and the TF_CONFIG worker: the trainer is done with them (the
+    # `trainer` fixture has run), and the other tests read what the fixtures recorded.
+    workers = {"SIGTERM": servers.pair[1][0], "SIGINT": servers.configured}
     for name, proc in workers.items():
+        assert proc.poll() is None
         start = time.monotonic()
         os.kill(proc.pid, getattr(signal, name))
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - start < 2.0
-        assert processes.wait_line(proc, "stopped by").endswith(f"stopped by {name}")
+        assert servers.procs.wait_line(proc, "stopped by").endswith(f"stopped by {name}")
 
 
 def test_a_worker_refuses_a_wildcard_bind_unless_asked(processes):
@@ -247,19 +294,3 @@ def test_bad_worker_arguments_exit_with_code_2(processes):
     assert ("error: --cluster must be a comma-separated list of worker addresses, each "
             "host:port") in Path(proc.err_path).read_text()
     assert "task 1 is 'h' has no port" in Path(proc.err_path).read_text()
-
-
-def test_tf_config_starts_a_worker_and_makes_the_trainer_the_chief(processes):
-    worker, chief = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    jobs = {"worker": [worker], "chief": [chief]}
-
-    def tf_config(kind):
-        return json.dumps({"cluster": jobs, "task": {"type": kind, "index": 0}})
-
-    proc = processes.start(["-m", "tf_spectrain.worker", "--bind-all", "--cpu-devices", 2],
-                           TF_CONFIG=tf_config("worker"))
-    assert processes.wait_line(proc, "^tf_spectrain worker: ").startswith(
-        f"tf_spectrain worker: task 0 of 1 serves {worker} (listening on ")
-    result = run_trainer("--cluster", "TF_CONFIG", TF_CONFIG=tf_config("chief"))
-    assert result["devices"] == [device(0, 0), device(0, 1)]
-    assert result["local"] == "/job:chief/replica:0/task:0/device:CPU:0"
