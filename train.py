@@ -5,7 +5,7 @@ See `python train.py --help` and the README. All the work is in `tf_spectrain.cl
 
 import sys
 
-from tf_spectrain.cli import main
+from tf_spectrain.cli import script_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main())

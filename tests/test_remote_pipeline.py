@@ -80,6 +80,33 @@ def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_
              "flatten,dense1,dense2", "--batch-size", "8", "--limit", "128", "--logdir", logdir,
              "--export", "none"]
     out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    # The fresh cluster's workers start now, while the first trainer trains (they idle).
+    (tmp_path / "fresh").mkdir()
+    fresh = Processes(tmp_path / "fresh")
+    try:
+        new = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        starting = [fresh.worker(new, t, "--cpu-devices", 2, "--bind-all") for t in (0, 1)]
+        failed_after, out, err = _kill_mid_run(cluster, procs, flags, logdir, out_path,
+                                               err_path)
+        assert failed_after < 30.0, failed_after
+        named = f"worker task 1 ({cluster.split(',')[1]}), which held stages 2 and 3"
+        assert named in out + err, err[-4000:]
+        for proc in starting:
+            fresh.wait_line(proc, "^tf_spectrain worker: ")
+        done = subprocess.run(
+            [sys.executable, "train.py", "--cluster", new, "--epochs", "2", "--resume",
+             *map(str, flags)], capture_output=True, text=True, env=child_env(),
+            cwd=HERE.parent, timeout=240)
+    finally:
+        fresh.kill_all()
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "connected to 2 workers; stages on /job:worker/replica:0/task:0/device:CPU:0" in out
+    assert "test accuracy" in done.stdout  # train.py --resume, in a new trainer process
+
+
+def _kill_mid_run(cluster, procs, flags, logdir, out_path, err_path):
+    """Runs train.py on `cluster`, kills worker 1 after the first checkpoint; returns
+    (seconds from the kill to the trainer's exit, its stdout, its stderr)."""
     with open(out_path, "w") as out, open(err_path, "w") as err:  # no pipe to fill up
         trainer = subprocess.Popen(
             [sys.executable, "train.py", "--cluster", cluster, "--epochs", "50",
@@ -100,27 +127,8 @@ def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_
             trainer.wait(timeout=30)
             pytest.fail("train.py hung after the kill:\n" + err_path.read_text()[-12000:])
         failed_after = time.monotonic() - killed
-        out, err = out_path.read_text(), err_path.read_text()
     finally:
         if trainer.poll() is None:
             trainer.kill()
     assert trainer.returncode != 0
-    assert failed_after < 30.0, failed_after
-    named = f"worker task 1 ({cluster.split(',')[1]}), which held stages 2 and 3"
-    assert named in out + err, err[-4000:]
-    (tmp_path / "fresh").mkdir()
-    fresh = Processes(tmp_path / "fresh")
-    try:
-        new = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        for t in (0, 1):
-            fresh.wait_line(fresh.worker(new, t, "--cpu-devices", 2, "--bind-all"),
-                            "^tf_spectrain worker: ")
-        done = subprocess.run(
-            [sys.executable, "train.py", "--cluster", new, "--epochs", "2", "--resume",
-             *map(str, flags)], capture_output=True, text=True, env=child_env(),
-            cwd=HERE.parent, timeout=240)
-    finally:
-        fresh.kill_all()
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert "connected to 2 workers; stages on /job:worker/replica:0/task:0/device:CPU:0" in out
-    assert "test accuracy" in done.stdout  # train.py --resume, in a new trainer process
+    return failed_after, out_path.read_text(), err_path.read_text()

@@ -277,7 +277,8 @@ def test_a_local_epoch_starts_no_watchdog(fake_cluster):
     run = epoch([FakeRunner("/CPU:0"), FakeRunner("/CPU:1", last=True)])
     run.run(lambda i, parts: names.append(sorted(t.name for t in threading.enumerate())))
     assert len(names) == 4
-    assert not any(n.startswith("tf_spectrain-") for batch in names for n in batch)
+    assert not any(n.startswith(("tf_spectrain-watchdog", "tf_spectrain-check"))
+                   for batch in names for n in batch)
     assert probes == []
 
 

@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sys
+import traceback
 
 from tf_spectrain import checks, modes
 from tf_spectrain.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir: former names
@@ -319,6 +320,40 @@ class _StopOnSignal:
         """Handles SIGINT and SIGTERM from now on; returns a function restoring the old handlers."""
         previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
         return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
+def script_main(argv=None):
+    """`train.py`'s entry point: `main`, then the process' exit.
+
+    After a run connected to a cluster (`--cluster`), the process ends with `os._exit`
+    once its output is flushed: TensorFlow's teardown of a connected context waits for
+    every worker, for seconds when one has died. The exit code is `main`'s (1 after an
+    error, whose traceback is printed first; 130 on a second SIGINT).
+
+    Args:
+        argv: the arguments after the program name; None means `sys.argv[1:]`.
+
+    Returns:
+        `main`'s exit code (without a cluster; with one the process ends here).
+    """
+    from tf_spectrain.cluster import health
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        if health.connected_cluster() is None:
+            raise
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException as error:
+        if health.connected_cluster() is None:
+            raise
+        traceback.print_exc()
+        code = 130 if isinstance(error, KeyboardInterrupt) else 1
+    if health.connected_cluster() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+    return code
 
 
 def main(argv=None):

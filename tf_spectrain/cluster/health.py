@@ -103,7 +103,7 @@ def lost_workers_note(devices, cluster=None, timeout=1.0, num_stages=None):
                         f"accepts connections: {reason}")
     if not lost:
         return None
-    return (_NOTE_START + "; ".join(lost) + ". Restart the worker and resume from "
+    return ("(tf_spectrain: " + "; ".join(lost) + ". Restart the worker and resume from "
             "the last checkpoint: train.py --resume, or restore_checkpoint.)")
 
 

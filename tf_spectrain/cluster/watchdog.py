@@ -32,11 +32,12 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.cluster import health, spec
+from tf_spectrain.cluster import health, sockets, spec
 
 DEFAULT_DEADLINE = 7.0
 DEFAULT_INTERVAL = 1.0
 _SLICE = 0.05  # seconds between looks at the stop event while waiting
+REFUSED_SECONDS = 0.3  # how long a check retries a refused connection before it counts
 _SETTINGS = {"deadline": DEFAULT_DEADLINE, "interval": DEFAULT_INTERVAL}
 
 
@@ -87,6 +88,10 @@ def configure(deadline=None, interval=None):
 class WorkerProbe:
     """Runs the check of one worker: a tiny graph in a session on that worker's master.
 
+    A worker whose address refuses connections (its process died) fails the check at
+    once; a stopped one still accepts them (the kernel does), and its session's step
+    does not answer.
+
     The session is made on the first call (in the check's thread, so that a hung worker
     holds up only that thread) and reused. Its calls carry a gRPC deadline, so that a check
     of a hung worker ends too (with `DeadlineExceededError`), a little after the watchdog
@@ -113,6 +118,10 @@ class WorkerProbe:
             tf.errors.OpError: if the worker cannot run it.
             RuntimeError: if the answer is wrong.
         """
+        host, port = spec.split_address(self.address)
+        if sockets.wait_until_listening(host, int(port), REFUSED_SECONDS) == "connection refused":
+            # Nothing listens there any more (the worker died): no need to wait the deadline.
+            raise ConnectionRefusedError(f"{self.address} refuses connections")
         if self._session is None:
             graph = tf.Graph()
             with graph.as_default(), tf.device(
