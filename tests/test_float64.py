@@ -69,8 +69,8 @@ def rel_error(w, ref, w0):
     return np.sqrt(num / den)
 
 
-@pytest.mark.parametrize("cut", ["stem", "c0_relu", "c0_sep", "c0_pool", "c0_add", "c0_cat",
-                                 "c1_bn", "c1_add_prev"])
+# One cut of each kind of crossing (float32 covers every cut: test_sync_gradient.py).
+@pytest.mark.parametrize("cut", ["stem", "c0_sep", "c0_cat", "c1_bn", "c1_add_prev"])
 def test_sync_equals_keras_in_float64_at_every_cut(float64, cut):
     keras.utils.set_random_seed(4)
     model = branchy_model()

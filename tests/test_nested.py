@@ -394,18 +394,6 @@ def test_sync_step_equals_keras_fit(build, shape, cuts):
     assert rel_error(got, ref, w0) < RTOL_SYNC
 
 
-def test_sync_step_of_a_mobilenet_v2_backbone_equals_keras_fit():
-    model = mobilenet_v2_nested()
-    x, y = data((32, 32, 3), n=4, classes=10)
-    base = model.layers[1]  # the MobileNetV2 (its name follows the input size)
-    assert isinstance(base, keras.Model)
-    base_w0 = base.get_weights()
-    w0, got, ref = sync_vs_keras(model, x, y, ["block_2_depthwise_relu", "block_6_expand_relu"])
-    assert rel_error(got, ref, w0) < RTOL_SYNC
-    # The nested model itself holds the trained weights.
-    assert rel_error(base.get_weights(), ref[: len(base_w0)], base_w0) < RTOL_SYNC
-
-
 def test_frozen_backbone_sync_training_equals_keras_fit():
     model = nested(training=False, trainable=False)
     x, y = data(n=16)
