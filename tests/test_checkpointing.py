@@ -97,8 +97,9 @@ def _wait_for_checkpoint(directory, process, timeout=120):
     raise AssertionError("no checkpoint appeared")
 
 
-# 150 mini-batches per epoch: long enough to be interrupted in the middle of epoch 1.
-LONG = ["--model", "mlp", "--gpus", "3", "--limit", "600", "--batch-size", "4",
+# 100 mini-batches per epoch (several seconds): long enough to be interrupted in the middle
+# of epoch 1, 0.5 s after its first checkpoint.
+LONG = ["--model", "mlp", "--gpus", "3", "--limit", "400", "--batch-size", "4",
         "--epochs", "2", "--prediction-every", "0"]
 
 
@@ -119,7 +120,7 @@ def test_a_signal_drains_saves_and_says_how_to_resume(signum, tmp_path):
     assert match, out
     epoch, batch = int(match.group(2)), int(match.group(3))
     path, command = match.group(5), match.group(6)
-    assert match.group(1) == name and epoch == 1 and 0 < batch < 150
+    assert match.group(1) == name and epoch == 1 and 0 < batch < 100
     assert checkpoint_store.latest_checkpoint(logdir / "checkpoints") == path
     assert os.path.basename(path) == f"ckpt-e{epoch:04d}-b{batch:06d}"
     assert "--resume" in command
