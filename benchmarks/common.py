@@ -455,6 +455,30 @@ def synthetic_images(batch_size, steps):
     return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache())
 
 
+def window_batches(batch_size, counts):
+    """`batches(n)`: the first `n` of the same seeded mini-batches of random 32x32x3 images.
+
+    For timing windows of `n` mini-batches (at most `max(counts)`), as `benchmarks/overlap.py`
+    and `benchmarks/hosts.py` time them: NumPy generator seeded with 0, 10 classes, a
+    prefetch of 2 and no autotuner (see `synthetic_images`).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_spectrain.runtime.iterators import without_autotune
+
+    rng = np.random.default_rng(0)
+    b = batch_size
+    x = rng.normal(size=(b * max(counts), 32, 32, 3))
+    x, y = x.astype("float32"), rng.integers(0, 10, len(x)).astype("int32")
+
+    def batches(n):
+        ds = tf.data.Dataset.from_tensor_slices((x[: n * b], y[: n * b]))
+        return without_autotune(ds.batch(b).prefetch(2))
+
+    return batches
+
+
 def batch_clock():
     """A Keras callback that times an epoch mini-batch by mini-batch.
 

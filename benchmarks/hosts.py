@@ -113,10 +113,10 @@ def process_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class ProcessesClock:
+class ProcessesClock(common.CpuClock):
     """A `common.CpuClock` of this process that also counts the CPU time of `pids`.
 
-    After `stop()`: `wall`, `cores` (this process' CPU / wall, from `CpuClock`), `cpu_all`
+    After `stop()`: `wall`, `cpu` and `cores` (this process', from `CpuClock`), `cpu_all`
     and `cores_all` (this process and `pids` together).
     """
 
@@ -124,25 +124,15 @@ class ProcessesClock:
         self.pids = list(pids)
 
     def start(self):
-        self._clock = common.CpuClock().start()
         self._others = sum(process_cpu_seconds(p) for p in self.pids)
-        self.started = self._clock.started
-        return self
+        return super().start()
 
     def stop(self):
         others = sum(process_cpu_seconds(p) for p in self.pids) - self._others
-        self._clock.stop()
-        self.wall, self.cores = self._clock.wall, self._clock.cores
-        self.cpu_all = self._clock.cpu + others
+        super().stop()
+        self.cpu_all = self.cpu + others
         self.cores_all = self.cpu_all / self.wall if self.wall > 0 else 0.0
         return self
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
 
 
 # --- children: one measurement in a fresh process -----------------------------------------
@@ -252,12 +242,9 @@ def train_child(args):
     started = time.perf_counter()
     devices, connect_seconds = _devices(args)
     import keras
-    import numpy as np
-    import tensorflow as tf
 
     import tf_spectrain
     from tf_spectrain import trainers
-    from tf_spectrain.runtime.iterators import without_autotune
 
     keras.utils.set_random_seed(0)
     trainer = trainers.build_trainer(
@@ -266,13 +253,7 @@ def train_child(args):
         batch_size=args.batch_size,
     )
     b = args.batch_size
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(b * max(args.warmup, args.short, args.long), 32, 32, 3))
-    x, y = x.astype("float32"), rng.integers(0, 10, len(x)).astype("int32")
-
-    def batches(n):
-        ds = tf.data.Dataset.from_tensor_slices((x[: n * b], y[: n * b]))
-        return without_autotune(ds.batch(b).prefetch(2))
+    batches = common.window_batches(b, (args.warmup, args.short, args.long))
 
     trainer.fit(batches(args.warmup), epochs=1, verbose=0)
     out = {"kind": "train", "where": args.where, "model": args.model, "batch_size": b,

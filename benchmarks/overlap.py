@@ -80,7 +80,6 @@ def child(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import warnings
 
-    import numpy as np
     import tensorflow as tf
 
     name = args.child
@@ -93,7 +92,6 @@ def child(args):
 
     import tf_spectrain
     from tf_spectrain import trainers
-    from tf_spectrain.runtime.iterators import without_autotune
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -105,14 +103,8 @@ def child(args):
         cuts=None if mode == "single" else ("auto" if args.cuts == ["auto"] else CUTS[args.model]),
         batch_size=args.batch_size, **options,
     )
-    rng = np.random.default_rng(0)
     b = args.batch_size
-    x = rng.normal(size=(b * max(args.warmup, args.short, args.long), 32, 32, 3))
-    x, y = x.astype("float32"), rng.integers(0, 10, len(x)).astype("int32")
-
-    def batches(n):
-        ds = tf.data.Dataset.from_tensor_slices((x[: n * b], y[: n * b]))
-        return without_autotune(ds.batch(b).prefetch(2))
+    batches = common.window_batches(b, (args.warmup, args.short, args.long))
 
     trainer.fit(batches(args.warmup), epochs=1, verbose=0)
     out = {"config": name, "model": args.model, "batch_size": b,
