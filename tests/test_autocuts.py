@@ -103,7 +103,10 @@ def test_auto_partition_returns_valid_measured_cuts(cnn, num_devices):
     assert len(plan.measured) == num_devices
     assert all(isinstance(t, float) and t > 0 for t in plan.measured)
     assert plan.profile_seconds > 0
-    assert costmodel.auto_partition(cnn, devices, batch_size=BATCH).measured is None
+    # Stages predicted under calibrate_above skip it (1 s: far above this model's, even on
+    # a loaded machine; the 5 ms default is not, and made this test flaky).
+    assert costmodel.auto_partition(cnn, devices, batch_size=BATCH,
+                                    calibrate_above=1.0).measured is None
     # The stages tile the model's layers in order.
     layers = [n for k in range(num_devices) for n in plan.stage_layers(k)]
     assert layers == read_graph(cnn).names
