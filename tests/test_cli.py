@@ -38,7 +38,10 @@ def parse_error(capsys, argv):
         (["--spectrain-target", "papr"],
          r"--spectrain-target must be one of \['paper', 'consistent'\]"),
         (["--micro-batches", "0"], r"--micro-batches must be an integer >= 1"),
-        (["--micro-batches", "2"], r"--micro-batches > 1 \(GPipe\) needs --mode sync"),
+        (["--mode", "dp", "--micro-batches", "2"], r"--micro-batches > 1 splits the "
+         r"mini-batches of a pipeline; --mode dp is no pipeline"),
+        (["--schedule", "1f1b"], r"--schedule 1f1b orders the micro-batches of --mode sync"),
+        (["--recompute", "never"], r"--recompute must be one of \['auto', 'always'\]"),
         (["--mode", "sync", "--micro-batches", "3"], r"--micro-batches must divide --batch-size"),
         (["--mode", "dp", "--cuts", "block2_pool"], r"--cuts splits a pipeline"),
         (["--cuts", "a,,b"], r"argument --cuts: expected comma-separated layer names"),

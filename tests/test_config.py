@@ -131,8 +131,6 @@ def test_cross_field_rules():
         RunConfig(mode="stash", micro_batches=3, batch_size=32, on_nan="skip", resume=True,
                   keep_checkpoints=0)
     assert info.value.errors == [
-        "--micro-batches > 1 (GPipe) needs --mode sync. Received: --micro-batches 3 with "
-        "--mode stash",
         "--micro-batches must divide --batch-size. Received: --batch-size 32 and "
         "--micro-batches 3",
         "--resume needs checkpoints: it cannot be used with --keep-checkpoints 0",
@@ -140,6 +138,33 @@ def test_cross_field_rules():
         "--logdir of the run to continue (its checkpoints are in <logdir>/checkpoints)",
     ]
     RunConfig(mode="sync", micro_batches=4, on_nan="skip", logdir="x")  # all fine together
+
+
+def test_micro_batch_schedule_and_recompute_rules():
+    for mode in ("sync", "vanilla", "stash", "spectrain"):  # micro-batches in every mode
+        RunConfig(mode=mode, micro_batches=4, recompute="always")
+    RunConfig(mode="sync", micro_batches=8, schedule="1f1b", recompute="always")
+    with pytest.raises(ConfigError) as info:
+        RunConfig(mode="single", micro_batches=2, schedule="1f1b", recompute="always")
+    assert info.value.errors == [
+        "--micro-batches > 1 splits the mini-batches of a pipeline; --mode single is no "
+        "pipeline. Received: --micro-batches 2 with --mode single; use one of --mode sync, "
+        "vanilla, stash, spectrain",
+        "--schedule 1f1b orders the micro-batches of --mode sync; --mode single has its own "
+        "schedule. Received: --schedule 1f1b with --mode single; use --mode sync, or "
+        "--schedule gpipe (the default)",
+        "--recompute always is for the stages of a pipeline; --mode single is no pipeline. "
+        "Received: --recompute always with --mode single",
+    ]
+    with pytest.raises(ConfigError, match="--schedule 1f1b orders the micro-batches of "
+                       "--mode sync; --mode stash"):
+        RunConfig(mode="stash", schedule="1f1b")
+    with pytest.raises(ConfigError, match=r"--schedule must be one of \['gpipe', '1f1b'\]. "
+                       r"Received: --schedule pipedream"):
+        RunConfig(mode="sync", schedule="pipedream")
+    with pytest.raises(ConfigError, match=r"--recompute must be one of \['auto', 'always'\]. "
+                       r"Received: --recompute never"):
+        RunConfig(recompute="never")
 
 
 def test_as_run_config_takes_a_namespace_and_fills_the_defaults():

@@ -168,6 +168,92 @@ def test_sync_ops_see_sequential_versions(m):
             assert schedule.versions_seen(ops) == expected
 
 
+# --- 1F1B-flush and micro-batches in the asynchronous schedule ---------------------------
+
+
+@pytest.mark.parametrize(
+    "n, t, m, rows",
+    [
+        # Written out by hand: w = min(N - k, M) warm-up forwards, then B(j) and F(j + w).
+        (3, 1, 4, ["F0.0 F0.1 F0.2 B0.0 F0.3 B0.1 B0.2 B0.3 U0",
+                   "F0.0 F0.1 B0.0 F0.2 B0.1 F0.3 B0.2 B0.3 U0",
+                   "F0.0 B0.0 F0.1 B0.1 F0.2 B0.2 F0.3 B0.3 U0"]),
+        (2, 2, 2, ["F0.0 F0.1 B0.0 B0.1 U0 F1.0 F1.1 B1.0 B1.1 U1",
+                   "F0.0 B0.0 F0.1 B0.1 U0 F1.0 B1.0 F1.1 B1.1 U1"]),
+        (4, 1, 2, ["F0.0 F0.1 B0.0 B0.1 U0"] * 3 + ["F0.0 B0.0 F0.1 B0.1 U0"]),
+        (3, 1, 1, ["F0 B0 U0"] * 3),
+    ],
+)
+def test_one_f_one_b_ops_by_hand(n, t, m, rows):
+    for k in range(n):
+        assert schedule.sync_ops(k, n, t, m, schedule="1f1b") == ops_of(rows[k]), k
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (2, 3), (3, 4), (4, 8), (5, 2)])
+def test_one_f_one_b_keeps_fewer_in_flight_and_same_versions(n, m):
+    for k in range(n):
+        gpipe = schedule.sync_ops(k, n, 3, m)
+        flush = schedule.sync_ops(k, n, 3, m, schedule="1f1b")
+        assert sorted(gpipe, key=str) == sorted(flush, key=str)  # the same ops, reordered
+        # Both see sequential SGD's versions, so they compute the same result.
+        assert schedule.versions_seen(flush) == schedule.versions_seen(gpipe)
+        assert schedule.max_in_flight(gpipe) == m
+        assert schedule.max_in_flight(flush) == min(n - k, m)
+
+
+@pytest.mark.parametrize("n, m, bubble", [
+    # Theory for both orders: (N - 1) / (M + N - 1) of the slots of a flushed mini-batch.
+    (4, 4, 3 / 7), (4, 8, 3 / 11), (2, 1, 1 / 2), (3, 4, 2 / 6),
+])
+def test_gpipe_and_one_f_one_b_have_the_theoretical_bubble(n, m, bubble):
+    for order in schedule.SYNC_SCHEDULES:
+        table = schedule.clock_table([schedule.sync_ops(k, n, 1, m, schedule=order)
+                                      for k in range(n)])
+        assert schedule.bubble_fraction(table) == pytest.approx(bubble)
+
+
+def test_one_f_one_b_clock_table_as_drawn_in_the_docstring():
+    table = schedule.clock_table([schedule.sync_ops(k, 3, 1, 4, schedule="1f1b")
+                                  for k in range(3)])
+    assert schedule.format_table(table) == (
+        "stage 0: F0.0 F0.1 F0.2 .    .    B0.0 F0.3 B0.1 .    B0.2 .    B0.3\n"
+        "stage 1: .    F0.0 F0.1 .    B0.0 F0.2 B0.1 F0.3 B0.2 .    B0.3 .\n"
+        "stage 2: .    .    F0.0 B0.0 F0.1 B0.1 F0.2 B0.2 F0.3 B0.3 .    ."
+    )
+
+
+def test_async_ops_with_micro_batches_by_hand():
+    assert schedule.async_ops(0, 2, 3, 2) == ops_of(
+        "F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 U0 F2.0 F2.1 B1.0 B1.1 U1 B2.0 B2.1 U2")
+    assert schedule.async_ops(1, 2, 2, 3) == ops_of(
+        "F0.0 F0.1 F0.2 B0.0 B0.1 B0.2 U0 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 U1")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_async_micro_batches_keep_the_mini_batch_versions(n):
+    # Every micro-batch of F(i) / B(i) sees the update count F(i) / B(i) sees with M = 1.
+    for t in range(1, 6):
+        for k in range(n):
+            one = schedule.versions_seen(schedule.async_ops(k, n, t))
+            for m in (2, 3):
+                ops = schedule.async_ops(k, n, t, m)
+                seen = schedule.versions_seen(ops)
+                assert seen == {(kind, i, j): one[(kind, i, 0)]
+                                for kind, i, _ in one for j in range(m)}
+                assert schedule.max_in_flight(ops) == min(n - k, t) * m
+                assert [op for op in ops if op.kind == "update"] == [
+                    Op("update", i) for i in range(t)]
+
+
+def test_max_in_flight_counts_micro_batches_and_rejects_bad_lists():
+    assert schedule.max_in_flight(ops_of("F0.0 F0.1 B0.0 F0.2 B0.1 B0.2 U0")) == 2
+    assert schedule.max_in_flight([]) == 0
+    with pytest.raises(ValueError, match="B0.1 before its forward"):
+        schedule.max_in_flight(ops_of("F0.0 B0.1"))
+    with pytest.raises(ValueError, match=r"`schedule` must be one of \['gpipe', '1f1b'\]"):
+        schedule.sync_ops(0, 2, 2, 2, schedule="1F1B")
+
+
 # --- versions ----------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ def test_keep_rules_keep_the_tape_exactly_when_the_backward_uses_the_forwards_we
     lists = op_lists(mode, num_stages, 6)
     plans = [modes.pass_plan(mode, k, num_stages, target) for k in range(num_stages)]
     rules = keep_rules(plans, lists)
+    always = keep_rules(plans, lists, recompute="always")
     reuse = mode in ("stash", "sync") or target == "consistent"
     for k, rule in enumerate(rules):
         for i in range(6):
@@ -42,9 +43,32 @@ def test_keep_rules_keep_the_tape_exactly_when_the_backward_uses_the_forwards_we
             else:  # recomputes unless no update came between and the gaps are equal
                 s_f, s_b = (0, 0) if mode == "vanilla" else schedule.version_gaps(k, num_stages)
                 expected = gap == 0 and s_f == s_b
-            assert rule((i, 0)) == expected, (mode, k, i, gap)
+            assert rule((i, 0)) == ("activations" if expected else "inputs"), (mode, k, i, gap)
+            # recompute="always": never the tape; a copy of the forward's weights where the
+            # backward reuses them across updates (stash, consistent: not the last stage).
+            assert always[k]((i, 0)) == ("weights" if reuse and gap else "inputs")
     if mode == "vanilla":  # stage 0 of a deep pipeline recomputes most backwards
-        assert not all(rules[0]((i, 0)) for i in range(6))
+        assert not all(rules[0]((i, 0)) == "activations" for i in range(6))
+    if reuse and mode != "sync":
+        assert always[0]((1, 0)) == "weights"  # stage 0 of stash / consistent: updates between
+
+
+@pytest.mark.parametrize("order", ["gpipe", "1f1b"])
+def test_keep_rules_with_micro_batches(order):
+    # Sync: no update between any F(i, j) and B(i, j), in either order: the tape (auto),
+    # recompute at the same weights (always).
+    plans = [modes.pass_plan("sync", k, 3) for k in range(3)]
+    lists = op_lists("sync", 3, 4, 3, order)
+    for recompute, expected in (("auto", "activations"), ("always", "inputs")):
+        for rule in keep_rules(plans, lists, recompute):
+            assert {rule((i, j)) for i in range(4) for j in range(3)} == {expected}
+    # Stash with micro-batches: stage 0 keeps a weight copy for every micro-batch of the
+    # mini-batches that see an update between their F and B (all but mini-batch 0).
+    plans = [modes.pass_plan("stash", k, 2) for k in range(2)]
+    rules = keep_rules(plans, op_lists("stash", 2, 4, 2), "always")
+    assert [rules[0]((i, j)) for i in range(4) for j in range(2)] == ["inputs"] * 2 + [
+        "weights"] * 6
+    assert [rules[1]((i, j)) for i in range(4) for j in range(2)] == ["inputs"] * 8
 
 
 def test_learning_rate_reader_reads_the_current_rate():

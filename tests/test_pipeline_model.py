@@ -516,13 +516,13 @@ def test_stage_variables_and_optimizer_slots_live_on_their_device():
 
 @pytest.fixture
 def forward_spy(monkeypatch):
-    """Records (stage, key, keep_activations, in_flight after the forward) of every forward."""
+    """Records (stage, key, keeps the tape, in_flight after the forward, keep) of every forward."""
     calls = []
     original = StageRunner.forward
 
-    def spy(self, key, inputs, keep_activations, *args, **kwargs):
-        result = original(self, key, inputs, keep_activations, *args, **kwargs)
-        calls.append((self.k, key, keep_activations, self.in_flight))
+    def spy(self, key, inputs, keep, *args, **kwargs):
+        result = original(self, key, inputs, keep, *args, **kwargs)
+        calls.append((self.k, key, keep in (True, "activations"), self.in_flight, keep))
         return result
 
     monkeypatch.setattr(StageRunner, "forward", spy)
@@ -580,7 +580,9 @@ def test_public_api_is_exported():
         (dict(mode="specrain"), ValueError, r"mode.*'specrain'.*did you mean 'spectrain'"),
         (dict(spectrain_target="papr"), ValueError, r"spectrain_target.*'papr'"),
         (dict(micro_batches=0), ValueError, r"micro_batches=0"),
-        (dict(micro_batches=2, mode="stash"), ValueError, r"micro_batches=2.*'stash'"),
+        (dict(schedule="1f1b", mode="stash"), ValueError, r"schedule.*'1f1b'.*mode='stash'"),
+        (dict(schedule="gpipe2"), ValueError, r"schedule.*'gpipe2'.*did you mean 'gpipe'"),
+        (dict(recompute="sometimes"), ValueError, r"recompute.*\['auto', 'always'\]"),
         (dict(devices=["/CPU:0"]), ValueError, r"2 stages.*'/CPU:0'"),
         (dict(devices=["/CPU:0", "/CPU:9"]), ValueError, r"/CPU:9"),
         (dict(devices=["/CPU:0", "cpu-one"]), ValueError, r"cpu-one"),
@@ -757,11 +759,35 @@ def _dropout_model(seed):
     return keras.Model(inputs, out)
 
 
-def _train_one_batch(model, mode):
-    x, y = _mlp_data(1)
-    pipe = compiled_pipe(model, cuts=["drop"], mode=mode)
-    pipe.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+def _train_one_batch(model, mode, num_batches=1, **options):
+    x, y = _mlp_data(num_batches)
+    pipe = compiled_pipe(model, cuts=["drop"], mode=mode, **options)
+    pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     return model.get_weights()
+
+
+@pytest.mark.parametrize("mode", ["stash", "vanilla", "sync"])
+def test_recompute_always_keeps_inputs_only_with_the_forwards_masks(forward_spy, mode):
+    # Dropout and BatchNorm before the cut: a recompute with another mask, or with batch
+    # statistics that moved, gives other weights. Stash recomputes at a kept copy of the
+    # forward's weights, vanilla at the backward's, sync at the unchanged ones.
+    def model(seed):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(16, activation="relu", name="dense0")(inputs)
+        h = keras.layers.BatchNormalization(name="bn")(h)
+        h = keras.layers.Dropout(0.5, seed=seed, name="drop")(h)
+        h = keras.layers.Dense(8, activation="relu", name="dense1")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="dense2")(h))
+
+    auto = _train_one_batch(model(3), mode, 4, micro_batches=2)
+    del forward_spy[:]
+    always = _train_one_batch(model(3), mode, 4, micro_batches=2, recompute="always")
+    assert not any(c[2] for c in forward_spy)  # no forward kept its activations
+    kinds = {c[4] for c in forward_spy if c[0] == 0}
+    assert kinds == ({"inputs", "weights"} if mode == "stash" else {"inputs"})
+    assert_weights_close(always, auto, atol=1e-6)
+    assert max_change(_train_one_batch(model(4), mode, 4, micro_batches=2), auto) > 1e-3
 
 
 def test_recomputation_draws_the_forwards_dropout_mask(forward_spy):

@@ -40,10 +40,10 @@ def cuts_for(stage_sizes):
     return [f"dense{e}" for e in ends]
 
 
-def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1):
+def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1, **options):
     model = keras_mlp(params)
     pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[num_stages]), mode=mode,
-                         spectrain_target=target, micro_batches=micro_batches)
+                         spectrain_target=target, micro_batches=micro_batches, **options)
     pipe.compile(optimizer=SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM),
                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.concatenate([b[0] for b in batches]).astype("float32")
@@ -91,4 +91,29 @@ def test_modes_are_far_apart(problem, num_stages):
 def test_sync_micro_batches_equal_full_batch(problem, micro_batches):
     expected, _ = reference(problem, 3, "sync", "paper")
     got, _ = train_pipeline(*problem, 3, "sync", "paper", micro_batches=micro_batches)
+    assert max_diff(got, expected) < ATOL
+
+
+@pytest.mark.parametrize("mode, target", MODES[1:])
+def test_micro_batches_in_every_mode_match_the_reference(problem, mode, target):
+    # SPECTRAIN.md section 5a: F(i) and B(i) run the micro-batches back to back, one update.
+    expected, _ = reference(problem, 3, mode, target, micro_batches=2)
+    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2)
+    assert max_diff(got, expected) < ATOL
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8])
+def test_one_f_one_b_flush_gives_the_gpipe_result(problem, micro_batches):
+    expected, _ = reference(problem, 4, "sync", "paper", micro_batches=micro_batches)
+    got, history = train_pipeline(*problem, 4, "sync", "paper", micro_batches=micro_batches,
+                                  schedule="1f1b")
+    assert max_diff(got, expected) < ATOL
+
+
+@pytest.mark.parametrize("mode, target", MODES)
+def test_recompute_always_gives_the_reference_result(problem, mode, target):
+    # Every backward recomputes (stash and consistent at a kept copy of the forward's
+    # weights), micro-batches included: the same steps as the reference.
+    expected, _ = reference(problem, 3, mode, target, micro_batches=2)
+    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2, recompute="always")
     assert max_diff(got, expected) < ATOL

@@ -12,9 +12,9 @@ from tf_spectrain import schedule
 # What `tf_spectrain.schedule` exported as a single module: the runtime, the cost model,
 # the callbacks and the tests use these names.
 PUBLIC = [
-    "BACKWARD", "FORWARD", "KINDS", "TARGETS", "UPDATE", "Op", "async_ops",
+    "BACKWARD", "FORWARD", "KINDS", "SYNC_SCHEDULES", "TARGETS", "UPDATE", "Op", "async_ops",
     "backward_version", "bubble_fraction", "clock_table", "forward_version", "format_table",
-    "max_stashed", "sync_ops", "version_gaps", "versions_seen", "warmup_forwards",
+    "max_in_flight", "max_stashed", "sync_ops", "version_gaps", "versions_seen", "warmup_forwards",
 ]
 
 

@@ -79,7 +79,20 @@ def build_parser():
     add(
         "micro_batches",
         type=int,
-        help="sync mode: GPipe micro-batches per mini-batch (must divide --batch-size)",
+        help="micro-batches per mini-batch, in every pipeline mode (must divide "
+        "--batch-size): each stage runs them back to back and updates once per mini-batch",
+    )
+    add(
+        "schedule",
+        help="sync mode: the order of a mini-batch's micro-batches: 'gpipe' (all forwards, "
+        "then all backwards) or '1f1b' (1F1B-flush: stage k keeps at most --gpus - k "
+        "micro-batches' activations); the same result",
+    )
+    add(
+        "recompute",
+        help="'auto' (recompute a stage's forward in its backward only where the weights "
+        "differ) or 'always' (keep only each stage's inputs and recompute in every "
+        "backward: less memory, one more forward; the same result)",
     )
     add(
         "replicas",

@@ -85,6 +85,8 @@ class RunConfig:
     cuts: tuple[str, ...] | str = "auto"
     spectrain_target: str = "paper"
     micro_batches: int = 1
+    schedule: str = "gpipe"
+    recompute: str = "auto"
     replicas: int = 1
     dataset: str = "digits"
     data_dir: str | None = None
@@ -252,16 +254,32 @@ def _check_devices(p, c):
 
 
 def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
-    """--micro-batches and --cuts, against --mode, --batch-size and the devices."""
+    """--micro-batches, --schedule, --recompute and --cuts, against --mode, --batch-size
+    and the devices."""
+    pipeline = c.mode in modes.PIPELINE_MODES
     if p.check(checks.check_int, "--micro-batches", c.micro_batches, 1) and c.micro_batches > 1:
-        if c.mode != "sync":
+        if not pipeline:
             p.add(
-                "--micro-batches > 1 (GPipe) needs --mode sync. "
-                f"Received: --micro-batches {c.micro_batches} with --mode {c.mode}"
+                "--micro-batches > 1 splits the mini-batches of a pipeline; --mode "
+                f"{c.mode} is no pipeline. Received: --micro-batches {c.micro_batches} with "
+                f"--mode {c.mode}; use one of --mode {', '.join(modes.PIPELINE_MODES)}"
             )
-        if batch_ok:
+        elif batch_ok:
             p.check(input_checks.check_micro_batch_split, None, c.batch_size, c.micro_batches,
                     flags=True)
+    if p.check(checks.check_one_of, "--schedule", c.schedule, modes.SCHEDULES):
+        if c.schedule != "gpipe" and c.mode != "sync":
+            p.add(
+                f"--schedule {c.schedule} orders the micro-batches of --mode sync; --mode "
+                f"{c.mode} has its own schedule. Received: --schedule {c.schedule} with "
+                f"--mode {c.mode}; use --mode sync, or --schedule gpipe (the default)"
+            )
+    if (p.check(checks.check_one_of, "--recompute", c.recompute, modes.RECOMPUTE)
+            and c.recompute != "auto" and not pipeline):
+        p.add(
+            f"--recompute {c.recompute} is for the stages of a pipeline; --mode {c.mode} is "
+            f"no pipeline. Received: --recompute {c.recompute} with --mode {c.mode}"
+        )
     devices_ok = _check_replicas(p, c, batch_ok, devices_ok)
     cuts = c.cuts
     if cuts == "auto":

@@ -25,6 +25,10 @@ BASELINES = ("single", "dp")
 ALL_MODES = PIPELINE_MODES + BASELINES
 """Every mode `train.py` and the benchmarks train in."""
 TARGETS = schedule.TARGETS
+SCHEDULES = schedule.SYNC_SCHEDULES
+"""The orders of a sync mini-batch's micro-batches (`schedule=`, `--schedule`)."""
+RECOMPUTE = ("auto", "always")
+"""When a stage recomputes its forward in the backward (`recompute=`, `--recompute`)."""
 ON_NAN = ("stop", "skip")
 """What a non-finite loss does in `fit` (`on_nan`, `--on-nan`): stop, or skip the update."""
 
@@ -41,6 +45,25 @@ def check_mode(mode, target="paper"):
     """
     checks.check_one_of("mode", mode, PIPELINE_MODES)
     checks.check_one_of("spectrain_target", target, TARGETS)
+
+
+def check_schedule(order, mode):
+    """Checks a micro-batch schedule against the pipeline mode.
+
+    Args:
+        order: the schedule, one of `SCHEDULES`.
+        mode: the pipeline mode (checked already).
+
+    Raises:
+        ValueError: unless `order` is one of `SCHEDULES`, and `"gpipe"` outside sync mode.
+    """
+    checks.check_one_of("schedule", order, SCHEDULES)
+    if order != "gpipe" and mode != "sync":
+        raise ValueError(
+            f"`schedule`={order!r} orders the micro-batches of sync mode; mode={mode!r} "
+            "runs the asynchronous schedule, whose order its staleness fixes. Use "
+            f"mode='sync' with schedule={order!r}, or schedule='gpipe' (the default)."
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,9 +69,23 @@ class PipelineModel:
         spectrain_target: `"paper"` (the paper's version gaps, backward recomputed at its
             own predicted weights) or `"consistent"` (one prediction per mini-batch,
             reused by the backward). Only used by `mode="spectrain"`.
-        micro_batches: `sync` mode only: split every mini-batch into this many
-            micro-batches that fill and drain the pipeline (GPipe); one update per
-            mini-batch.
+        micro_batches: M, split every mini-batch into this many micro-batches (in every
+            mode): each stage runs a mini-batch's M micro-batches back to back, handing
+            each on as it is done, sums their gradients and updates once per mini-batch
+            (SPECTRAIN.md section 5a). They save activation memory only with 1F1B-flush
+            in sync mode, or with `recompute="always"`.
+        schedule: the order of a mini-batch's micro-batches in sync mode: `"gpipe"` (the
+            default: all M forwards, then all M backwards, so every stage keeps M
+            micro-batches' activations) or `"1f1b"` (1F1B-flush, as PipeDream-Flush and
+            DAPPLE: stage k keeps at most `min(N - k, M)`). Both give the same result.
+            Only `"gpipe"` outside sync mode (whose schedule is fixed by its staleness).
+        recompute: `"auto"` (the default: a stage recomputes its forward in the backward
+            only where the backward's weights differ from the forward's) or `"always"`:
+            every stage keeps only its inputs (and, where the backward reuses the
+            forward's weights across updates, a copy of those weights) and recomputes
+            the forward in every backward, with the forward's dropout masks and
+            BatchNorm state: the same result for less activation memory, at the cost of
+            one more forward per backward.
         replicas: R, the copies of the pipeline (a data x pipeline hybrid, see
             `tf_spectrain.runtime.replicas`): `devices` then names R x N devices, replica
             r's stage k at `r * N + k` (None: the first R x N devices). Each mini-batch is
@@ -122,6 +136,8 @@ class PipelineModel:
         mode="spectrain",
         spectrain_target="paper",
         micro_batches=1,
+        schedule="gpipe",
+        recompute="auto",
         replicas=1,
         profile_batch_size=32,
         memory_limit=None,
@@ -133,15 +149,14 @@ class PipelineModel:
             )
         modes.check_mode(mode, spectrain_target)
         input_checks.check_int("micro_batches", micro_batches, 1)
-        if micro_batches > 1 and mode != "sync":
-            raise ValueError(
-                "`micro_batches` > 1 (GPipe) is only defined for mode='sync'. "
-                f"Received: micro_batches={micro_batches}, mode={mode!r}"
-            )
+        modes.check_schedule(schedule, mode)
+        checks.check_one_of("recompute", recompute, modes.RECOMPUTE)
         self.model = model
         self.mode = mode
         self.spectrain_target = spectrain_target
         self.micro_batches = int(micro_batches)
+        self.schedule = schedule
+        self.recompute = recompute
         self.replicas = int(replicas_lib.check_replicas(replicas))
         self.partition_plan = None
         self.planned_cuts = isinstance(cuts, str) and cuts == AUTO

@@ -46,6 +46,8 @@ def build_trainer(
     cuts="auto",
     spectrain_target="paper",
     micro_batches=1,
+    schedule="gpipe",
+    recompute="auto",
     replicas=1,
     loss=None,
     metrics=None,
@@ -69,8 +71,9 @@ def build_trainer(
         cuts: pipelines: the cut layer names, or a function of the model that returns them,
             or "auto" (or None) for cuts planned from measured time at `batch_size`
             (`PipelineModel(cuts="auto")`).
-        spectrain_target, micro_batches, replicas: pipelines: as `PipelineModel` (with
-            replicas, `devices` holds replica r's stage k at `r * stages + k`).
+        spectrain_target, micro_batches, schedule, recompute, replicas: pipelines: as
+            `PipelineModel` (with replicas, `devices` holds replica r's stage k at
+            `r * stages + k`).
         loss: the loss; None means sparse categorical cross-entropy on logits.
         metrics: the compiled metrics (e.g. `["accuracy"]`), or None.
         batch_size: pipelines with "auto" cuts: the batch size to profile and plan at.
@@ -119,6 +122,8 @@ def build_trainer(
         mode=mode,
         spectrain_target=spectrain_target,
         micro_batches=micro_batches,
+        schedule=schedule,
+        recompute=recompute,
         replicas=replicas,
         profile_batch_size=max(1, batch_size // replicas),  # what each replica runs
     )

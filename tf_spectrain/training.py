@@ -149,6 +149,8 @@ def prepare(config):
         cuts=cuts,
         spectrain_target=config.spectrain_target,
         micro_batches=config.micro_batches,
+        schedule=config.schedule,
+        recompute=config.recompute,
         replicas=config.replicas,
         metrics=["accuracy"],
         batch_size=config.batch_size,

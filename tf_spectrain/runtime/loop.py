@@ -11,19 +11,27 @@ import time
 from tf_spectrain import schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.executor import EpochRun
+from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.state import op_lists
 
 
-def keep_rules(plans, lists):
-    """Decides, for each stage, whether the forward of `(i, j)` keeps its activations.
+def keep_rules(plans, lists, recompute="auto"):
+    """Decides, for each stage, what the forward of `(i, j)` keeps for its backward.
+
+    With `recompute="auto"` the forward keeps its activations where the backward uses
+    the same weights (`PassPlan.same_weights`), else only its inputs, and the backward
+    recomputes it at the backward's weights. With `"always"` every forward keeps only its
+    inputs; where the backward reuses the forward's weights although updates come in
+    between (stash, consistent SpecTrain), it keeps a copy of those weights too.
 
     Args:
         plans: each stage's `modes.PassPlan`.
         lists: each stage's instruction list for the epoch (from `op_lists`).
+        recompute: `"auto"` or `"always"` (see `PipelineModel`).
 
     Returns:
-        A list of functions `keep((i, j)) -> bool`, one per stage: True when the backward of
-        `(i, j)` uses the same weights as its forward (see `PassPlan.same_weights`).
+        A list of functions `keep((i, j))`, one per stage, each returning what
+        `StageRunner.forward` takes as `keep`: `ACTIVATIONS`, `INPUTS` or `WEIGHTS`.
     """
     rules = []
     for plan, ops in zip(plans, lists):
@@ -32,7 +40,9 @@ def keep_rules(plans, lists):
         def keep(key, seen=seen, plan=plan):
             i, j = key
             between = seen[(schedule.BACKWARD, i, j)] - seen[(schedule.FORWARD, i, j)]
-            return plan.same_weights(between)
+            if recompute == "auto":
+                return ACTIVATIONS if plan.same_weights(between) else INPUTS
+            return WEIGHTS if plan.reuses_forward and between else INPUTS
 
         rules.append(keep)
     return rules
@@ -134,13 +144,13 @@ class FitLoop:
     def _run_epoch(self, epoch, batches):
         """One epoch through the stage threads; the weights end up in the wrapped model."""
         pipe, progress, n = self.pipeline, self.pipeline.progress, self.num_batches
-        lists = op_lists(pipe.mode, pipe.num_stages, n, pipe.micro_batches)
+        lists = op_lists(pipe.mode, pipe.num_stages, n, pipe.micro_batches, pipe.schedule)
         run = EpochRun(
             pipe.runners,
             lists,
             batches,
             pipe.micro_batches,
-            keep_rules(pipe.plans, lists),
+            keep_rules(pipe.plans, lists, pipe.recompute),
             label=f"epoch {epoch}",
             clip_globally=any(r.global_clipnorm for r in pipe.runners),
             replicas=pipe.replica_runners if pipe.replicas > 1 else None,

@@ -15,6 +15,15 @@ from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
 
+ACTIVATIONS = "activations"
+"""`StageRunner.forward(keep=...)`: keep the forward's activations (a tape) for its backward."""
+INPUTS = "inputs"
+"""Keep only the inputs (and non-trainable state); the backward recomputes the forward."""
+WEIGHTS = "weights"
+"""Keep the inputs and a copy of the forward's weights; the backward recomputes at those."""
+_KEEPS = {True: ACTIVATIONS, False: INPUTS, ACTIVATIONS: ACTIVATIONS, INPUTS: INPUTS,
+          WEIGHTS: WEIGHTS}
+
 
 def _with_penalty(grads_out, loss_scale=None):
     """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is.
@@ -58,6 +67,7 @@ class _InFlight:
     tape: object = None  # a GradientTape holding the forward's activations, when reused
     outputs: object = None  # the taped outputs (or scaled loss on the last stage)
     non_trainable: list = None  # non-trainable values the forward saw, for a recompute
+    weights: list = None  # the forward's trainable weights, when kept for the recompute
     labels: object = None
     scale: float = 1.0
 
@@ -106,6 +116,7 @@ class StageRunner:
         if plan.forward_steps or plan.backward_steps:
             self._momenta = [optimizer.momentum_of(v).value for v in self.trainable]
         self._inflight = {}
+        self._stashed = (None, None)  # (i, weights): the copy the micro-batches of i share
         self._pending = None
         self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
@@ -125,6 +136,8 @@ class StageRunner:
         self._remote = health.task_of(device) is not None  # on a worker of a cluster
         self._forward_fn = graph_function(self._forward)
         self._vjp_fn = graph_function(self._recompute_vjp)
+        self._vjp_at_fn = graph_function(self._vjp_at)
+        self._snapshot_fn = graph_function(self._snapshot)
         self._apply_fn = graph_function(self._apply)
         self._infer_fn = graph_function(self._infer)
         self._finite_fn = graph_function(all_finite)
@@ -173,9 +186,20 @@ class StageRunner:
 
     def _recompute_vjp(self, inputs, grads_out, non_trainable, labels, scale, steps):
         with tf.device(self.device):
+            return self._vjp_at(inputs, grads_out, non_trainable, labels, scale,
+                                self._weights(steps))
+
+    def _snapshot(self, steps):
+        """A copy of the weights `W + steps * m`, for a backward that reuses them later."""
+        with tf.device(self.device):
+            return [tf.identity(w) for w in self._weights(steps)]
+
+    def _vjp_at(self, inputs, grads_out, non_trainable, labels, scale, weights):
+        """The stage's forward recomputed at `weights`, and its vector-Jacobian product."""
+        with tf.device(self.device):
             with tf.GradientTape() as tape:
                 tape.watch(self._input_targets(inputs))
-                weights = self._weights(steps)
+                weights = [tf.convert_to_tensor(w) for w in weights]
                 tape.watch(weights)
                 outputs, penalty, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
             grads = tape.gradient(
@@ -225,14 +249,20 @@ class StageRunner:
         with tf.device(None):
             return self._forward_fn(inputs, labels, scale, self.plan.forward_steps)
 
-    def forward(self, key, inputs, keep_activations, labels=None, scale=1.0):
+    def forward(self, key, inputs, keep, labels=None, scale=1.0):
         """Forward pass of `key`, at the weights `W + s_f * m` of the stage's plan.
 
         Args:
             key: `(i, j)`.
             inputs: the stage's input tensors (a tensor or a list).
-            keep_activations: True when the backward will use the same weights as this
-                forward, so the forward's activations are kept for it.
+            keep: what to keep for the backward (`runtime.loop.keep_rules` decides):
+                `ACTIVATIONS` (or True) when the backward uses the same weights as this
+                forward, so its activations serve it; `INPUTS` (or False) to keep only the
+                inputs and non-trainable state, the backward recomputing the forward at its
+                own weights (the plan's `s_b`, or `s_f` where it reuses the forward's with
+                no update in between); `WEIGHTS` to keep a copy of this forward's weights
+                too, at which the backward recomputes (one copy per mini-batch, shared by
+                its micro-batches).
             labels: on the last stage, the labels; else None.
             scale: the micro-batch's share of the mini-batch: the factor the stage's layer
                 losses (and, on the last stage, the loss) are multiplied by.
@@ -244,10 +274,13 @@ class StageRunner:
         start = time.perf_counter()
         inputs = as_list(inputs)
         record = _InFlight(inputs=inputs, labels=labels, scale=scale)
+        keep = _KEEPS[keep]
         with tf.device(self.device):
             scale_t = tf.constant(scale, tf.float32)
             labels_t = labels if labels is not None else tf.zeros((), tf.float32)
-            if keep_activations:
+            if keep == WEIGHTS:
+                record.weights = self._stash_for(key[0])
+            if keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
                     tape.watch(self._input_targets(inputs))
@@ -300,22 +333,32 @@ class StageRunner:
                 grads_w, grads_x = grads[:n], grads[n:]
             else:
                 labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
-                grads_w, grads_x = self._vjp_fn(
-                    record.inputs,
-                    grads_out,
-                    record.non_trainable,
-                    labels,
-                    tf.constant(record.scale, tf.float32),
-                    self.plan.backward_steps,
-                )
+                args = (record.inputs, grads_out, record.non_trainable, labels,
+                        tf.constant(record.scale, tf.float32))
+                if record.weights is not None:
+                    grads_w, grads_x = self._vjp_at_fn(*args, record.weights)
+                else:
+                    steps = self.plan.backward_steps
+                    steps = self.plan.forward_steps if steps is None else steps
+                    grads_w, grads_x = self._vjp_fn(*args, steps)
             self._accumulate(grads_w)
             finite = self._finite_fn(list(grads_w) + list(grads_x))
+        if self._stashed[0] == key[0] and not any(i == key[0] for i, _ in self._inflight):
+            self._stashed = (None, None)  # the last micro-batch of i: its copy goes
         end = time.perf_counter()
         self.timeline.append(("backward", key, start, end))
         self.events.append((end, "backward", key, finite))
         if self.probe is not None:
             self.probe.after_backward(key, self.plan.backward_steps)
         return list(grads_x)
+
+    def _stash_for(self, i):
+        """The copy of the forward weights of mini-batch i (made by its first micro-batch)."""
+        batch, weights = self._stashed
+        if batch != i:
+            weights = self._snapshot_fn(self.plan.forward_steps)
+            self._stashed = (i, weights)
+        return weights
 
     def _accumulate(self, grads):
         if self._pending is None:
@@ -455,6 +498,7 @@ class StageRunner:
     def reset(self):
         """Forgets in-flight state (after an aborted epoch)."""
         self._inflight.clear()
+        self._stashed = (None, None)
         self._pending = None
         self.penalties.clear()
         if self.probe is not None:
@@ -462,7 +506,7 @@ class StageRunner:
 
     @property
     def in_flight(self):
-        """How many mini-batches have run their forward but not yet their backward."""
+        """How many micro-batches `(i, j)` have run their forward but not their backward."""
         return len(self._inflight)
 
 

@@ -20,7 +20,7 @@ class Progress:
     batches_skipped: int = 0  # mini-batches left out by on_nan="skip" in this `fit`
 
 
-def op_lists(mode, num_stages, num_batches, micro_batches=1):
+def op_lists(mode, num_stages, num_batches, micro_batches=1, order="gpipe"):
     """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
 
     Args:
@@ -28,24 +28,25 @@ def op_lists(mode, num_stages, num_batches, micro_batches=1):
             `schedule.async_ops`.
         num_stages: the number of stages.
         num_batches: mini-batches in the epoch.
-        micro_batches: GPipe micro-batches per mini-batch (sync only).
+        micro_batches: micro-batches per mini-batch (every mode).
+        order: sync mode's schedule, "gpipe" or "1f1b" (the pipeline's `schedule`).
 
     Returns:
         A list of `num_stages` instruction lists, stage 0 first.
     """
     if mode == "sync":
-        return [
-            schedule.sync_ops(k, num_stages, num_batches, micro_batches) for k in range(num_stages)
-        ]
-    return [schedule.async_ops(k, num_stages, num_batches) for k in range(num_stages)]
+        return [schedule.sync_ops(k, num_stages, num_batches, micro_batches, order)
+                for k in range(num_stages)]
+    return [schedule.async_ops(k, num_stages, num_batches, micro_batches)
+            for k in range(num_stages)]
 
 
 class PipelineState:
     """A read-only view of a pipeline for callbacks (`PipelineModel.state`).
 
     Attributes:
-        num_stages, mode, spectrain_target, micro_batches, devices, cuts: the pipeline's
-            configuration.
+        num_stages, mode, spectrain_target, micro_batches, schedule, recompute, devices,
+            cuts: the pipeline's configuration.
         plans: each stage's `modes.PassPlan` (the version gaps it uses).
         runners: each stage's `runtime.stage.StageRunner` (after `compile`; empty before).
         stage_optimizers: each stage's optimizer (after `compile`; empty before).
@@ -114,8 +115,9 @@ class PipelineState:
             A list of instruction lists, stage 0 first (see `runtime.state.op_lists`).
         """
         p = self._pipeline
-        return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches)
+        return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches, p.schedule)
 
 
-_PIPELINE_FIELDS = frozenset({"num_stages", "mode", "spectrain_target", "micro_batches"})
+_PIPELINE_FIELDS = frozenset(
+    {"num_stages", "mode", "spectrain_target", "micro_batches", "schedule", "recompute"})
 _PROGRESS_FIELDS = frozenset(f.name for f in dataclasses.fields(Progress))

@@ -5,7 +5,8 @@ order, never *how*. The pipeline runtime walks these lists; tests and benchmarks
 them. See SPECTRAIN.md, sections 3 and 4.
 
 Each stage `k` of an `N`-stage pipeline runs a list of `Op`s over the `T` mini-batches of
-an epoch: `async_ops` (one forward, one backward) or `sync_ops` (sequential SGD / GPipe).
+an epoch: `async_ops` (one forward, one backward) or `sync_ops` (sequential SGD: GPipe or
+1F1B-flush).
 
 Modules: `instructions` (`Op`, the op lists, weight versions and version gaps) and `clock`
 (the lock-step clock table, drawn as text, and its bubble). Every name is re-exported here.
@@ -16,12 +17,14 @@ from tf_spectrain.schedule.instructions import (
     BACKWARD,
     FORWARD,
     KINDS,
+    SYNC_SCHEDULES,
     TARGETS,
     UPDATE,
     Op,
     async_ops,
     backward_version,
     forward_version,
+    max_in_flight,
     max_stashed,
     sync_ops,
     version_gaps,
@@ -33,6 +36,7 @@ __all__ = [
     "BACKWARD",
     "FORWARD",
     "KINDS",
+    "SYNC_SCHEDULES",
     "TARGETS",
     "UPDATE",
     "Op",
@@ -42,6 +46,7 @@ __all__ = [
     "clock_table",
     "forward_version",
     "format_table",
+    "max_in_flight",
     "max_stashed",
     "sync_ops",
     "version_gaps",

@@ -15,6 +15,8 @@ BACKWARD = "backward"
 UPDATE = "update"
 KINDS = (FORWARD, BACKWARD, UPDATE)
 TARGETS = ("paper", "consistent")
+SYNC_SCHEDULES = ("gpipe", "1f1b")
+"""The orders of a `sync` mini-batch's micro-batches: all forwards first, or 1F1B-flush."""
 
 _LETTERS = {FORWARD: "F", BACKWARD: "B", UPDATE: "U"}
 _MEANINGS = {
@@ -119,7 +121,7 @@ def warmup_forwards(k, num_stages, num_batches):
     return min(num_stages - k, num_batches)
 
 
-def async_ops(k, num_stages, num_batches):
+def async_ops(k, num_stages, num_batches, micro_batches=1):
     """Returns the asynchronous (one-forward-one-backward) instruction list of stage k.
 
     `F(0) .. F(w_k - 1)`, then for `i = 0 .. T-1`: `B(i)`, `U(i)`, and `F(i + w_k)` while
@@ -132,36 +134,12 @@ def async_ops(k, num_stages, num_batches):
         stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 ...
         stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 ...
 
+    With `M > 1` micro-batches the unit stays the mini-batch: `F(i)` is `F(i, 0) ..
+    F(i, M-1)` back to back, `B(i)` is `B(i, 0) .. B(i, M-1)`, and one `U(i)` follows, so
+    every pass sees the update count it sees with `M = 1` (SPECTRAIN.md section 5a).
+
     Args:
         k: the stage index, `0 <= k < num_stages`.
-        num_stages: `N`, an int >= 1.
-        num_batches: `T`, an int >= 1.
-
-    Returns:
-        A list of `3 * T` `Op`s.
-
-    Raises:
-        TypeError: if an argument is not an int.
-        ValueError: if an argument is out of range.
-    """
-    warmup = warmup_forwards(k, num_stages, num_batches)
-    ops = [Op(FORWARD, i) for i in range(warmup)]
-    for i in range(num_batches):
-        ops += [Op(BACKWARD, i), Op(UPDATE, i)]
-        if i + warmup < num_batches:
-            ops.append(Op(FORWARD, i + warmup))
-    return ops
-
-
-def sync_ops(k, num_stages, num_batches, micro_batches=1):
-    """Returns the synchronous (sequential SGD / GPipe) instruction list of stage k.
-
-    For each mini-batch `i`: `F(i, 0) .. F(i, M-1)`, then `B(i, 0) .. B(i, M-1)`, then one
-    `U(i)`. The list is the same for every stage; with blocking hand-offs between
-    neighbours the pipeline fills and drains once per mini-batch.
-
-    Args:
-        k: the stage index, `0 <= k < num_stages` (validated; the list does not depend on it).
         num_stages: `N`, an int >= 1.
         num_batches: `T`, an int >= 1.
         micro_batches: `M`, an int >= 1; 1 means mini-batches are not split.
@@ -173,13 +151,67 @@ def sync_ops(k, num_stages, num_batches, micro_batches=1):
         TypeError: if an argument is not an int.
         ValueError: if an argument is out of range.
     """
+    warmup = warmup_forwards(k, num_stages, num_batches)
+    _check_count("micro_batches", micro_batches)
+
+    def forward(i):
+        return [Op(FORWARD, i, j) for j in range(micro_batches)]
+
+    ops = [op for i in range(warmup) for op in forward(i)]
+    for i in range(num_batches):
+        ops += [Op(BACKWARD, i, j) for j in range(micro_batches)] + [Op(UPDATE, i)]
+        if i + warmup < num_batches:
+            ops += forward(i + warmup)
+    return ops
+
+
+def sync_ops(k, num_stages, num_batches, micro_batches=1, schedule="gpipe"):
+    """Returns the synchronous (sequential SGD) instruction list of stage k.
+
+    Each mini-batch `i` is split into `M` micro-batches, and one `U(i)` follows all of
+    their backwards, so every pass of mini-batch i sees exactly `i` updates whichever
+    order the micro-batches run in. The order is the `schedule`:
+
+    - `"gpipe"` (GPipe): `F(i, 0) .. F(i, M-1)`, then `B(i, 0) .. B(i, M-1)`, then `U(i)`.
+      The list is the same for every stage; all M micro-batches are in flight at once.
+    - `"1f1b"` (1F1B-flush: PipeDream-Flush, DAPPLE): `w = min(N - k, M)` warm-up
+      forwards `F(i, 0) .. F(i, w-1)`, then for `j = 0 .. M-1`: `B(i, j)` and, while
+      `j + w < M`, `F(i, j + w)`; then `U(i)`. Stage k keeps at most `w` micro-batches
+      in flight (`max_in_flight`). For N = 3, M = 4 in lock-step slots (`clock_table`):
+
+          stage 0: F0.0 F0.1 F0.2 .    .    B0.0 F0.3 B0.1 .    B0.2 .    B0.3
+          stage 1: .    F0.0 F0.1 .    B0.0 F0.2 B0.1 F0.3 B0.2 .    B0.3 .
+          stage 2: .    .    F0.0 B0.0 F0.1 B0.1 F0.2 B0.2 F0.3 B0.3 .    .
+
+    With blocking hand-offs between neighbours the pipeline fills and drains once per
+    mini-batch in both orders, and both give the same result.
+
+    Args:
+        k: the stage index, `0 <= k < num_stages`.
+        num_stages: `N`, an int >= 1.
+        num_batches: `T`, an int >= 1.
+        micro_batches: `M`, an int >= 1; 1 means mini-batches are not split.
+        schedule: one of `SYNC_SCHEDULES`, `"gpipe"` (the default) or `"1f1b"`.
+
+    Returns:
+        A list of `T * (2 * M + 1)` `Op`s.
+
+    Raises:
+        TypeError: if an argument is not an int.
+        ValueError: if an argument is out of range or `schedule` is unknown.
+    """
     _check_stage(k, num_stages)
     _check_count("num_batches", num_batches)
     _check_count("micro_batches", micro_batches)
+    checks.check_one_of("schedule", schedule, SYNC_SCHEDULES)
+    warmup = micro_batches if schedule == "gpipe" else min(num_stages - k, micro_batches)
     ops = []
     for i in range(num_batches):
-        ops += [Op(FORWARD, i, j) for j in range(micro_batches)]
-        ops += [Op(BACKWARD, i, j) for j in range(micro_batches)]
+        ops += [Op(FORWARD, i, j) for j in range(warmup)]
+        for j in range(micro_batches):
+            ops.append(Op(BACKWARD, i, j))
+            if j + warmup < micro_batches:
+                ops.append(Op(FORWARD, i, j + warmup))
         ops.append(Op(UPDATE, i))
     return ops
 
@@ -203,6 +235,38 @@ def max_stashed(k, num_stages, num_batches):
         ValueError: if an argument is out of range.
     """
     return warmup_forwards(k, num_stages, num_batches)
+
+
+def max_in_flight(ops):
+    """Returns the most micro-batches in flight at once in an op list (any schedule).
+
+    A micro-batch `(i, j)` is in flight from its forward to its backward: the stage keeps
+    its input (and, unless it recomputes, its activations) that long. So this is what
+    bounds a stage's activation memory: `M` for GPipe, `min(N - k, M)` for 1F1B-flush,
+    `min(N - k, T) * M` for `async_ops`.
+
+    Args:
+        ops: a sequence of `Op`, one stage's instruction list.
+
+    Returns:
+        The largest number of `(batch, micro)` forwarded and not yet backwarded, an int.
+
+    Raises:
+        TypeError: if `ops` is not a list of `Op`.
+        ValueError: if a forward or backward op repeats, or a backward has no forward
+            before it.
+    """
+    versions_seen(ops)  # validates the list
+    live, peak = set(), 0
+    for op in ops:
+        if op.kind == FORWARD:
+            live.add((op.batch, op.micro))
+            peak = max(peak, len(live))
+        elif op.kind == BACKWARD:
+            if (op.batch, op.micro) not in live:
+                raise ValueError(f"`ops` runs {op} before its forward.")
+            live.remove((op.batch, op.micro))
+    return peak
 
 
 # --- weight versions ----------------------------------------------------------------------
