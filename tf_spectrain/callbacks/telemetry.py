@@ -40,6 +40,10 @@ class Telemetry(keras.callbacks.Callback):
     | `pipeline/bubble_fraction` | measured idle share: 1 - mean utilisation of the stages |
     | `pipeline/bubble_fraction_schedule` | the idle share of the schedule in lock-step slots |
     | `pipeline/stage_<k>/s_f`, `.../s_b` | SpecTrain's version gaps in use (0: current weights) |
+    | `pipeline/stage_<k>/memory_bytes` | estimated peak bytes the stage kept in the epoch |
+    | `pipeline/stage_<k>/in_flight_bytes` | its in-flight part (`runtime.memory`) |
+    | `pipeline/stage_<k>/in_flight_micro_batches` | most micro-batches in flight at once |
+    | `pipeline/stage_<k>/device_peak_bytes` | the allocator's peak on the device (GPUs) |
     | `pipeline/skipped_batches` | mini-batches left out by `on_nan="skip"` so far |
     | `pipeline/probe_seconds` | time the prediction measurements added to the stage threads |
     | `run/num_stages` | written once at the start (1 for a plain model) |
@@ -72,7 +76,8 @@ class Telemetry(keras.callbacks.Callback):
     Attributes:
         predictions: every prediction measurement so far (dicts, see
             `runtime.probe.WeightProbe`), for scripts and benchmarks.
-        stage_stats: per epoch, a list of per-stage dicts (busy seconds, utilisation).
+        stage_stats: per epoch, a list of per-stage dicts (busy seconds, utilisation, and
+            the memory figures of the `pipeline/stage_<k>/` tags).
         overhead_seconds: time spent inside this callback.
         batch_log_seconds: the part of it spent on per-step logging.
         probe_seconds: time the prediction measurements added to the stage threads.
@@ -264,8 +269,17 @@ class Telemetry(keras.callbacks.Callback):
         stats = []
         for runner, plan, timeline in zip(pipe.runners, pipe.plans, pipe.timelines):
             busy = sum(end - start for _, _, start, end in timeline)
-            stats.append({"stage": runner.k, "busy_seconds": busy, "utilisation": busy / wall})
+            memory = runner.memory.estimate()
+            stats.append({"stage": runner.k, "busy_seconds": busy, "utilisation": busy / wall,
+                          "memory_bytes": memory.peak, "in_flight_bytes": memory.peak_in_flight,
+                          "in_flight_micro_batches": memory.peak_micro_batches,
+                          "device_peak_bytes": memory.device_peak})
             prefix = f"pipeline/stage_{runner.k}"
+            self._scalar(f"{prefix}/memory_bytes", memory.peak, epoch)
+            self._scalar(f"{prefix}/in_flight_bytes", memory.peak_in_flight, epoch)
+            self._scalar(f"{prefix}/in_flight_micro_batches", memory.peak_micro_batches, epoch)
+            if memory.device_peak is not None:
+                self._scalar(f"{prefix}/device_peak_bytes", memory.device_peak, epoch)
             self._scalar(f"{prefix}/busy_seconds", busy, epoch)
             self._scalar(f"{prefix}/utilisation", busy / wall, epoch)
             self._scalar(f"{prefix}/s_f", plan.forward_steps, epoch)

@@ -158,6 +158,7 @@ class FitLoop:
         for runner in pipe.all_runners:
             runner.timeline.clear()
             runner.events.clear()
+            runner.memory.reset_peak()  # each epoch's peak
         progress.epoch_progress = (epoch, 0, n)
 
         read_rate = learning_rate_reader(pipe.runners[-1].optimizer)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
+from tf_spectrain.runtime.memory import StageMemory
 
 ACTIVATIONS = "activations"
 """`StageRunner.forward(keep=...)`: keep the forward's activations (a tape) for its backward."""
@@ -133,6 +134,7 @@ class StageRunner:
         with tf.device(device):
             self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.probe = None
+        self.memory = StageMemory(model, optimizer, device)  # what the stage keeps alive
         self._remote = health.task_of(device) is not None  # on a worker of a cluster
         self._forward_fn = graph_function(self._forward)
         self._vjp_fn = graph_function(self._recompute_vjp)
@@ -293,6 +295,9 @@ class StageRunner:
                 record.non_trainable = [tf.identity(v.value) for v in self.non_trainable]
                 outputs, penalty, logits, finite = self._call_forward(inputs, labels_t, scale_t)
         self._inflight[key] = record
+        examples = int(inputs[0].shape[0] or 0) if record.tape is not None and inputs else 0
+        self.memory.kept(key, inputs + ([] if labels is None else [labels]), examples,
+                         record.non_trainable or (), record.weights)
         self.penalties.setdefault(key[0], []).append(penalty)
         end = time.perf_counter()
         self.timeline.append(("forward", key, start, end))
@@ -320,6 +325,7 @@ class StageRunner:
         """
         start = time.perf_counter()
         record = self._inflight.pop(key)
+        self.memory.released(key)
         grads_out = None if grads_out is None else as_list(grads_out)
         with tf.device(self.device):
             if record.tape is not None:
@@ -498,6 +504,7 @@ class StageRunner:
     def reset(self):
         """Forgets in-flight state (after an aborted epoch)."""
         self._inflight.clear()
+        self.memory.clear()
         self._stashed = (None, None)
         self._pending = None
         self.penalties.clear()

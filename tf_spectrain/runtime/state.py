@@ -56,6 +56,7 @@ class PipelineState:
         images_seen: training examples reported so far in this `fit`.
         batches_skipped: mini-batches left out by `on_nan="skip"` in this `fit`.
         timelines: per stage, the `(kind, key, start, end)` of every pass of the epoch.
+        memory: per stage, the bytes it kept alive in the epoch (`MemoryEstimate`).
     """
 
     def __init__(self, pipeline, progress):
@@ -104,6 +105,11 @@ class PipelineState:
     def timelines(self):
         """Per stage, the `(kind, key, start, end)` of every pass of the epoch, as tuples."""
         return tuple(tuple(r.timeline) for r in self.runners)
+
+    @property
+    def memory(self):
+        """Each stage's `runtime.memory.MemoryEstimate` of the current or last epoch."""
+        return tuple(r.memory.estimate() for r in self.runners)
 
     def op_lists(self, num_batches):
         """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
