@@ -7,8 +7,9 @@
 
 Besides images/s, each pipeline run reports every stage's utilisation over the timed epoch
 (time in its passes / the epoch's wall time), the measured bubble (1 - mean utilisation),
-and memory: the peak of each stage's device where TensorFlow can tell it (GPUs), and the
-process' peak resident memory (what a CPU run can tell).
+and memory: the peak of each stage's device where TensorFlow can tell it (GPUs), else each
+stage's estimate of what it kept alive (`tf_spectrain.runtime.memory`), and the process'
+peak resident memory.
 
 Each measurement runs in a fresh subprocess (TensorFlow's device and thread settings are
 fixed per process) on synthetic 32x32x3 images: one short warm-up fit (tracing), then one
@@ -80,6 +81,7 @@ def child(args):
         momentum=0.9,
         cuts=CUTS.get(args.model) if args.stages == 4 else None,
         spectrain_target=args.target,
+        **pipeline_options(args),
     )
 
     clock = common.batch_clock()
@@ -107,7 +109,28 @@ def child(args):
         busy = [sum(e - s for _, _, s, e in timeline) for timeline in pipeline.timelines]
         out["utilisation"] = [b / wall for b in busy]
         out["bubble"] = 1 - sum(out["utilisation"]) / len(busy)
+        # What each stage kept alive in the timed epoch (runtime.memory): an estimate from
+        # the tensors kept, the per-stage figure a CPU run can give.
+        out["stage_memory"] = [
+            {"weights": m.weights, "slots": m.slots, "in_flight": m.peak_in_flight,
+             "micro_batches": m.peak_micro_batches, "peak": m.peak}
+            for m in pipeline.memory
+        ]
     print(json.dumps(out))
+
+
+def pipeline_options(args):
+    """The `build_trainer` options of a pipeline child: micro-batches, schedule, recompute."""
+    if args.mode in common.BASELINES:
+        return {}
+    return dict(micro_batches=args.micro_batches, schedule=args.schedule,
+                recompute=args.recompute)
+
+
+def child_flags(micro_batches=1, schedule="gpipe", recompute="auto"):
+    """The child flags that set a pipeline's micro-batches, schedule and recompute."""
+    return ["--micro-batches", str(micro_batches), "--schedule", schedule,
+            "--recompute", recompute]
 
 
 def _reset_peak_memory(tf, device):
@@ -160,6 +183,10 @@ def _memory(runs):
     rss = statistics.median(r["rss_mb"] for r in runs)
     if devices and all(d is not None for d in devices):
         return " / ".join(f"{d:.0f}" for d in devices) + f" (process {rss:.0f})"
+    stages = runs[0].get("stage_memory")
+    if stages:  # CPU devices: the stages' own estimates (the same in every repeat)
+        estimate = " / ".join(f"{m['peak'] / 2**20:.0f}" for m in stages)
+        return f"estimated {estimate} (process {rss:.0f})"
     return f"process {rss:.0f}"
 
 
@@ -222,6 +249,9 @@ def main():
     p.add_argument("--target", default="paper", help=argparse.SUPPRESS)
     p.add_argument("--intra-op", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--telemetry", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--micro-batches", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--schedule", default="gpipe", help=argparse.SUPPRESS)
+    p.add_argument("--recompute", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         args.stages = int(args.stages)
