@@ -16,6 +16,16 @@ The asynchronous modes are simulated by an event loop over the per-stage instruc
 of section 3: at each step it runs one stage whose next instruction has its inputs ready.
 Which ready stage runs is chosen by `pick`; the result must not depend on it.
 
+Micro-batches (`micro_batches = M`, every mode): mini-batch i of B examples is split, in
+order, into M parts of sizes `B // M + (1 if j < B % M else 0)` (`micro_batch_sizes`), and
+part j's loss weighs its share `b_j / B`, so the summed gradient is that of the mini-batch's
+mean loss. In the asynchronous modes the schedule's unit stays the mini-batch: `F(i)` and
+`B(i)` of a stage run the M micro-batches of i back to back, handing each on as it is done
+(the event loop runs micro-batch passes, so neighbouring stages overlap within a
+mini-batch); one update follows the last micro-batch of `B(i)`. Every micro-batch of a pass
+therefore uses the weights that pass uses at `M = 1`; where the backward recomputes the
+forward (vanilla, paper SpecTrain), each micro-batch recomputes its own.
+
 The optimizer is Keras' SGD (nesterov off): optional decoupled weight decay
 `W = W - W * wd * lr`, then `m = momentum * m - lr * g; W = W + m`. At momentum 0 the buffer
 holds the last step `-lr * g` (Keras keeps no buffer there, with the same weights), so one
@@ -30,14 +40,17 @@ MODES = ("sync", "vanilla", "stash", "spectrain")
 TARGETS = ("paper", "consistent")
 
 Event = collections.namedtuple(
-    "Event", ["epoch", "stage", "kind", "batch", "updates", "weights"]
+    "Event", ["epoch", "stage", "kind", "batch", "updates", "weights", "micro"],
+    defaults=(0,),
 )
 Event.__doc__ = """One pass recorded by `train_reference(..., trace=[])`.
 
 Fields: `epoch`; `stage` k; `kind` "F" or "B"; `batch` i (the mini-batch index in the epoch);
 `updates`, the number of updates the stage had finished in this epoch before the pass;
-`weights`, a tuple of copies of the arrays the pass used, `(W, b)` per layer, flattened.
-In `sync` mode with micro-batches there is one event per micro-batch.
+`weights`, a tuple of copies of the arrays the pass used, `(W, b)` per layer, flattened;
+`micro` j, the micro-batch of mini-batch i the pass ran (0..M-1; always 0 at `M = 1`,
+and 0 when an `Event` is built without it). With `M` micro-batches there is one event per
+micro-batch pass, so `(epoch, stage, kind, batch, micro)` identifies a pass.
 """
 
 
@@ -85,6 +98,40 @@ def version_gaps(num_stages, stage, target="paper"):
         gap = num_stages - 1 - stage
         return gap, gap
     return stage // 2 + num_stages - 1 - stage, stage // 2
+
+
+def micro_batch_sizes(batch_size, micro_batches):
+    """Sizes of the micro-batches of one mini-batch, in order: the first ones larger.
+
+    Args:
+        batch_size: B, the mini-batch's number of examples.
+        micro_batches: M, a positive int.
+
+    Returns:
+        A list of M ints `B // M + (1 if j < B % M else 0)`, summing to B (some are 0 when
+        M > B; `train_reference` rejects that).
+    """
+    return [batch_size // micro_batches + (1 if j < batch_size % micro_batches else 0)
+            for j in range(micro_batches)]
+
+
+def split_mini_batch(x, y, micro_batches):
+    """Splits a mini-batch, in order, into micro-batches sized by `micro_batch_sizes`.
+
+    Args:
+        x: (B, in) array of features.
+        y: (B,) array of labels.
+        micro_batches: M, a positive int, at most B.
+
+    Returns:
+        A list of M triples `(x_j, y_j, share_j)`, `share_j = b_j / B` the weight of part j's
+        mean loss in the mini-batch's mean loss (1.0 exactly at M = 1).
+    """
+    parts, start = [], 0
+    for size in micro_batch_sizes(len(x), micro_batches):
+        parts.append((x[start:start + size], y[start:start + size], size / len(x)))
+        start += size
+    return parts
 
 
 # --- the network, one stage at a time -----------------------------------------------------
@@ -207,32 +254,40 @@ def _weights_for(mode, target, stage, k, num_stages, kind, stashed):
     return stage.predicted(0)  # vanilla, stash forward: the current weights
 
 
-def _record(trace, epoch, k, kind, i, stage, weights):
+def _record(trace, epoch, k, kind, i, stage, weights, micro=0):
     if trace is not None:
         copies = tuple(np.array(w) for w in weights)
-        trace.append(Event(epoch, k, kind, i, stage.updates, copies))
+        trace.append(Event(epoch, k, kind, i, stage.updates, copies, micro))
 
 
 def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
-    """Runs one epoch of the asynchronous pipeline with an event loop; returns the losses."""
+    """Runs one epoch of the asynchronous pipeline with an event loop; returns the losses.
+
+    The loop's unit is a micro-batch pass `(kind, i, j)`: each pass `(kind, i)` of section 3
+    becomes its M micro-batch passes, back to back, and the update follows `(B, i, M - 1)`.
+    """
     num_stages, num_batches = len(stages), len(batches)
-    programs = stage_instructions(num_stages, num_batches)
+    num_micro = opts["micro_batches"]
+    parts = [split_mini_batch(x, y, num_micro) for x, y in batches]
+    programs = [[(kind, i, j) for kind, i in program for j in range(num_micro)]
+                for program in stage_instructions(num_stages, num_batches)]
     position = [0] * num_stages
-    inputs = [dict() for _ in range(num_stages)]  # x_k(i), kept from F(i) until B(i)
-    grads_in = [dict() for _ in range(num_stages)]  # d_k(i), from stage k + 1
+    inputs = [dict() for _ in range(num_stages)]  # x_k(i, j), kept from F(i) until B(i)
+    grads_in = [dict() for _ in range(num_stages)]  # d_k(i, j), from stage k + 1
     stashed = [dict() for _ in range(num_stages)]  # forward weights, where B reuses them
-    losses = [None] * num_batches
-    inputs[0] = {i: x for i, (x, _) in enumerate(batches)}
+    sums = [dict() for _ in range(num_stages)]  # gradient of B(i), summed over micro-batches
+    losses = [0.0] * num_batches
+    inputs[0] = {(i, j): part[0] for i in range(num_batches) for j, part in enumerate(parts[i])}
     for stage in stages:
         stage.updates = 0
 
     def ready(k):
         if position[k] == len(programs[k]):
             return False
-        kind, i = programs[k][position[k]]
+        kind, i, j = programs[k][position[k]]
         if kind == "F":
-            return i in inputs[k]
-        return k == num_stages - 1 or i in grads_in[k]
+            return (i, j) in inputs[k]
+        return k == num_stages - 1 or (i, j) in grads_in[k]
 
     while any(position[k] < len(programs[k]) for k in range(num_stages)):
         candidates = [k for k in range(num_stages) if ready(k)]
@@ -243,30 +298,37 @@ def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
             raise ValueError(
                 f"`pick` must return one of the ready stages {candidates}. Received: {k!r}"
             )
-        kind, i = programs[k][position[k]]
+        kind, i, j = programs[k][position[k]]
         position[k] += 1
         stage = stages[k]
+        # Chosen anew for every micro-batch: no update falls inside a pass, so each
+        # micro-batch of F(i) (of B(i)) gets the weights F(i) (B(i)) has at M = 1.
         weights = _weights_for(opts["mode"], opts["target"], stage, k, num_stages, kind,
                                stashed[k].get(i))
-        _record(trace, epoch, k, kind, i, stage, weights)
+        _record(trace, epoch, k, kind, i, stage, weights, j)
+        _, labels, share = parts[i][j]
         if kind == "F":
-            stashed[k][i] = weights
-            out = stage_forward(inputs[k][i], weights, stage.final)[-1]
+            if j == 0:
+                stashed[k][i] = weights
+            out = stage_forward(inputs[k][(i, j)], weights, stage.final)[-1]
             if stage.final:
-                losses[i] = loss_and_gradient(out, batches[i][1])[0]
+                losses[i] += share * loss_and_gradient(out, labels)[0]
             else:
-                inputs[k + 1][i] = out
+                inputs[k + 1][(i, j)] = out
             continue
         if stage.final:
-            logits = stage_forward(inputs[k][i], weights, True)[-1]
-            upstream = loss_and_gradient(logits, batches[i][1])[1]
+            logits = stage_forward(inputs[k][(i, j)], weights, True)[-1]
+            upstream = share * loss_and_gradient(logits, labels)[1]
         else:
-            upstream = grads_in[k].pop(i)
-        grads, d_x = stage_vjp(inputs[k].pop(i), weights, stage.final, upstream)
-        del stashed[k][i]
+            upstream = grads_in[k].pop((i, j))
+        grads, d_x = stage_vjp(inputs[k].pop((i, j)), weights, stage.final, upstream)
         if k > 0:
-            grads_in[k - 1][i] = d_x
-        stage.apply(grads, _rate(opts, epoch * num_batches + i), opts["momentum"],
+            grads_in[k - 1][(i, j)] = d_x
+        sums[k][i] = grads if j == 0 else [a + g for a, g in zip(sums[k][i], grads)]
+        if j < num_micro - 1:
+            continue
+        del stashed[k][i]
+        stage.apply(sums[k].pop(i), _rate(opts, epoch * num_batches + i), opts["momentum"],
                     opts["weight_decay"], opts["clip"])
     return losses
 
@@ -277,7 +339,11 @@ def _rate(opts, step):
 
 
 def _run_sync_epoch(stages, batches, epoch, opts, trace):
-    """Sequential SGD: each mini-batch (as M micro-batches) through all stages, then updates."""
+    """Sequential SGD: each mini-batch (as M micro-batches) through all stages, then updates.
+
+    Micro-batch j's loss weighs its share `b_j / B` (scaling its logits' gradient), and the
+    stages sum the micro-batches' gradients.
+    """
     losses = []
     num_micro = opts["micro_batches"]
     for stage in stages:
@@ -285,19 +351,19 @@ def _run_sync_epoch(stages, batches, epoch, opts, trace):
     for i, (x, y) in enumerate(batches):
         sums = [None] * len(stages)
         batch_loss = 0.0
-        for xm, ym in zip(np.split(x, num_micro), np.split(y, num_micro)):
+        for j, (xm, ym, share) in enumerate(split_mini_batch(x, y, num_micro)):
             stage_inputs = [xm]
             for k, stage in enumerate(stages):
-                _record(trace, epoch, k, "F", i, stage, stage.weights)
+                _record(trace, epoch, k, "F", i, stage, stage.weights, j)
                 stage_inputs.append(stage_forward(stage_inputs[-1], stage.weights, stage.final)[-1])
             loss, upstream = loss_and_gradient(stage_inputs[-1], ym)
-            batch_loss += loss / num_micro
+            batch_loss += share * loss
+            upstream = share * upstream
             for k in reversed(range(len(stages))):
-                _record(trace, epoch, k, "B", i, stages[k], stages[k].weights)
+                _record(trace, epoch, k, "B", i, stages[k], stages[k].weights, j)
                 grads, upstream = stage_vjp(stage_inputs[k], stages[k].weights,
                                             stages[k].final, upstream)
                 sums[k] = grads if sums[k] is None else [a + g for a, g in zip(sums[k], grads)]
-        sums = [[g / num_micro for g in total] for total in sums]
         scale, clip = 1.0, opts["clip"]
         if clip is not None and clip[0] == "global_clipnorm":  # one norm over all stages
             norm = np.sqrt(sum(np.sum(g * g) for total in sums for g in total))
@@ -356,14 +422,10 @@ def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, 
         raise ValueError(f"`epochs` must be a positive int. Received: epochs={epochs!r}")
     if not 0 <= momentum <= 1:
         raise ValueError(f"`momentum` must be a float in [0, 1]. Received: momentum={momentum!r}")
-    if not isinstance(micro_batches, int) or micro_batches < 1:
+    if (not isinstance(micro_batches, (int, np.integer)) or isinstance(micro_batches, bool)
+            or micro_batches < 1):
         raise ValueError(
             f"`micro_batches` must be a positive int. Received: micro_batches={micro_batches!r}"
-        )
-    if micro_batches > 1 and mode != "sync":
-        raise ValueError(
-            f"`micro_batches` > 1 needs mode 'sync'. Received: micro_batches={micro_batches}, "
-            f"mode={mode!r}"
         )
     if not batches:
         raise ValueError("`batches` must be a non-empty list of (x, y) pairs. Received: []")
@@ -381,10 +443,11 @@ def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, 
                 f"`batches[{i}]` labels must be ints in [0, {classes}). Received: "
                 f"y={np.asarray(y)!r}"
             )
-        if len(x) % micro_batches:
+        if micro_batches > len(x):
             raise ValueError(
-                f"`micro_batches` must divide every batch size. Received: "
-                f"micro_batches={micro_batches}, len(batches[{i}][0])={len(x)}"
+                f"`micro_batches` must be at most every mini-batch's size (a micro-batch "
+                f"needs at least one example). Received: micro_batches={micro_batches}, "
+                f"len(batches[{i}][0])={len(x)}"
             )
 
 
@@ -409,7 +472,13 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
         epochs: number of epochs; the pipeline drains at the end of each, while momentum
             buffers persist.
         target: "paper" or "consistent"; anything but "paper" needs mode "spectrain".
-        micro_batches: M equal micro-batches per mini-batch (mode "sync" only).
+        micro_batches: M, the micro-batches per mini-batch, in every mode: the mini-batch
+            is split in order into M parts of sizes `micro_batch_sizes(B, M)` (equal when M
+            divides B, else the first ones one larger), each part's loss weighted by its
+            share of B; at most the size of every mini-batch. In `sync`, the micro-batches
+            run one after another through all stages (GPipe); in the asynchronous modes each
+            `F(i)` / `B(i)` runs them back to back at the weights it uses at `M = 1` (section
+            4 of SPECTRAIN.md), and one update per stage follows `B(i)`.
         weight_decay: optional Keras weight decay, `W = W - W * weight_decay * lr` on every
             weight (biases included) before each step.
         clip: None, or `("clipnorm", c)` / `("clipvalue", c)` (each variable's gradient,
@@ -417,7 +486,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
             whole model's gradient).
         pick: callable choosing which ready stage the event loop runs next, given the list of
             ready stage indices; the result must not depend on it.
-        trace: optional list; every pass is appended to it as an `Event`.
+        trace: optional list; every pass (every micro-batch pass) is appended to it as an
+            `Event`.
 
     Returns:
         `(final_params, losses)`: the list of `(W, b)` float64 arrays after training, and the

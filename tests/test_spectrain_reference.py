@@ -276,8 +276,8 @@ def test_result_does_not_depend_on_pick_order(mode, target):
     (dict(target="future"), "`target` must be one of"),
     (dict(stage_sizes=[1, 2]), "summing to the number of layers \\(4\\)"),
     (dict(stage_sizes=[2, 0, 2]), "`stage_sizes` must be positive ints"),
-    (dict(micro_batches=3, mode="sync"), "must divide every batch size"),
-    (dict(micro_batches=2), "needs mode 'sync'"),
+    (dict(micro_batches=5, mode="sync"), "micro_batches=5, len\\(batches\\[0\\]\\[0\\]\\)=4"),
+    (dict(micro_batches=5), "must be at most every mini-batch's size"),
     (dict(epochs=0), "`epochs` must be a positive int"),
     (dict(momentum=1.5), "momentum=1.5"),
     (dict(batches=[]), "`batches` must be a non-empty list"),
@@ -301,3 +301,256 @@ def test_bad_labels_and_shapes_are_named():
     with pytest.raises(ValueError, match="takes 7 inputs but layer 0 gives 8"):
         ref.train_reference([params[0], params[2]], [2], batches, mode="sync", lr=0.1,
                             momentum=0.0)
+
+
+# --- micro-batches in every mode (issue 15) ------------------------------------------------
+
+
+ALL_CONFIGS = [("sync", "paper")] + ASYNC_CONFIGS
+
+
+def _batches(sizes, seed=0):
+    """Mini-batches of the given sizes for LAYERS (the last may be smaller)."""
+    _, [(x, y)] = ref.make_problem(seed, LAYERS, 1, sum(sizes))
+    bounds = np.cumsum([0] + list(sizes))
+    return [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@pytest.mark.parametrize("batch_size, micro_batches, expected", [
+    (8, 1, [8]),
+    (8, 4, [2, 2, 2, 2]),
+    (7, 3, [3, 2, 2]),
+    (10, 4, [3, 3, 2, 2]),
+    (5, 5, [1, 1, 1, 1, 1]),
+    (2, 3, [1, 1, 0]),  # train_reference rejects M > B
+])
+def test_micro_batch_sizes_first_ones_larger(batch_size, micro_batches, expected):
+    assert ref.micro_batch_sizes(batch_size, micro_batches) == expected
+
+
+@pytest.mark.parametrize("batch_size, micro_batches", [(8, 4), (7, 3), (6, 1)])
+def test_split_mini_batch_keeps_the_order_and_weighs_by_size(batch_size, micro_batches):
+    [(x, y)] = _batches([batch_size])
+    parts = ref.split_mini_batch(x, y, micro_batches)
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), x)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), y)
+    assert [p[2] for p in parts] == [len(p[1]) / batch_size for p in parts]
+    assert sum(p[2] for p in parts) == pytest.approx(1.0, abs=1e-15)
+    if batch_size % micro_batches == 0:  # an equal split is np.split's
+        for part, want in zip(parts, np.split(x, micro_batches)):
+            np.testing.assert_array_equal(part[0], want)
+
+
+# Written by the module before micro-batches existed outside `sync` (commit 65f4b3c), for
+# `_train(mode, target, epochs=2)`: sum and sum of squares of every final array, and the
+# sum of the losses.
+OLD_RESULTS = [
+    ("sync", "paper", -1.6516780100136714, 35.11379510393528, 13.579116690358301),
+    ("vanilla", "paper", -1.4460555991674462, 36.93535004168396, 13.597277296893246),
+    ("stash", "paper", -2.5227324421979573, 34.22663121963789, 13.825937451235866),
+    ("spectrain", "paper", 1.2307952202699897, 38.797457576041815, 13.634747167453263),
+    ("spectrain", "consistent", -0.7707054141856472, 34.40882502150454, 13.62320423248721),
+]
+
+
+@pytest.mark.parametrize("mode, target, total, squares, loss_sum", OLD_RESULTS)
+def test_one_micro_batch_gives_the_old_results(mode, target, total, squares, loss_sum):
+    got, losses = _train(mode, target, epochs=2, micro_batches=1)
+    default, default_losses = _train(mode, target, epochs=2)
+    assert _max_diff(got, default) == 0.0 and losses == default_losses
+    arrays = [a for pair in got for a in pair]
+    assert sum(np.sum(a) for a in arrays) == pytest.approx(total, rel=1e-12, abs=1e-12)
+    assert sum(np.sum(a * a) for a in arrays) == pytest.approx(squares, rel=1e-12)
+    assert sum(losses) == pytest.approx(loss_sum, rel=1e-12)
+    trace = []
+    _train(mode, target, trace=trace)
+    assert {e.micro for e in trace} == {0}
+    assert len(trace) == 2 * 3 * 6  # one F and one B per stage and mini-batch
+
+
+@pytest.mark.parametrize("mode, target", ALL_CONFIGS)
+@pytest.mark.parametrize("stage_sizes", [(1, 2, 1), (1, 1, 1, 1)])
+@pytest.mark.parametrize("sizes, micro_batches", [
+    ([4] * 6, 2),
+    ([4] * 6, 4),  # micro-batches of one example
+    ([7] * 5, 3),  # uneven: 3, 2, 2
+    ([7] * 5 + [5], 3),  # and a smaller last mini-batch: 2, 2, 1
+])
+def test_micro_batches_give_the_weights_of_whole_mini_batches(mode, target, stage_sizes,
+                                                              sizes, micro_batches):
+    # No batch-dependent layer, and every micro-batch of a pass uses that pass's weights:
+    # summing the share-weighted gradients gives the mini-batch's gradient.
+    params, _ = ref.make_problem(0, LAYERS, 1, 1)
+    batches = _batches(sizes)
+    kwargs = dict(mode=mode, target=target, lr=0.3, momentum=0.9, epochs=2)
+    want, want_losses = ref.train_reference(params, list(stage_sizes), batches, **kwargs)
+    got, losses = ref.train_reference(params, list(stage_sizes), batches,
+                                      micro_batches=micro_batches, **kwargs)
+    assert _max_diff(got, want) < 1e-12
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
+    assert _max_diff(got, params) > 1e-2  # training moved the weights
+
+
+@pytest.mark.parametrize("mode, target", ASYNC_CONFIGS)
+@pytest.mark.parametrize("stage_sizes", [(1, 2, 1), (1, 1, 1, 1)])
+def test_micro_batches_of_a_pass_share_its_weights_and_version(mode, target, stage_sizes):
+    rng = np.random.default_rng(2)
+    params, _ = ref.make_problem(0, LAYERS, 1, 1)
+    trace, num_micro, n = [], 3, len(stage_sizes)
+    ref.train_reference(params, list(stage_sizes), _batches([7] * 5 + [5]), mode=mode,
+                        target=target, lr=0.3, momentum=0.9, epochs=2,
+                        micro_batches=num_micro, trace=trace,
+                        pick=lambda ready: int(rng.choice(ready)))
+    assert len(trace) == 2 * 2 * n * 6 * num_micro
+    passes = {}
+    for event in trace:
+        passes.setdefault((event.epoch, event.stage, event.kind, event.batch), []).append(event)
+    for (epoch, k, kind, i), events in passes.items():
+        assert [e.micro for e in events] == list(range(num_micro))
+        for event in events:
+            assert all(np.array_equal(a, b) for a, b in zip(event.weights, events[0].weights))
+            # SPECTRAIN.md section 3, for every micro-batch of the pass.
+            want = max(0, i - (n - 1 - k)) if kind == "F" else i
+            assert event.updates == want, event[:5] + (event.micro,)
+        forward = passes[(epoch, k, "F", i)][0].weights
+        same = all(np.array_equal(a, b) for a, b in zip(forward, events[0].weights))
+        if mode == "stash" or target == "consistent" or k == n - 1:
+            assert same
+        elif kind == "B" and i >= 1:
+            assert not same  # contrast: the weights do change between F(i) and B(i)
+    # Each stage runs a pass's micro-batches back to back, in the section-3 order.
+    for k, program in enumerate(ref.stage_instructions(n, 6)):
+        order = [(e.kind, e.batch, e.micro) for e in trace if e.stage == k and e.epoch == 0]
+        assert order == [(kind, i, j) for kind, i in program for j in range(num_micro)]
+
+
+def test_micro_batches_are_handed_on_as_they_are_done():
+    # A stage hands each micro-batch on as it is done, so neighbouring stages overlap
+    # within a mini-batch: preferring the later stage (`pick=max`), stage k + 1 runs F(i, 0)
+    # before stage k runs F(i, 1); preferring the earlier one (`pick=min`), stage k - 1
+    # runs B(i, 0) before stage k runs B(i, 1).
+    for pick, kind, neighbour in ((max, "F", 1), (min, "B", -1)):
+        trace = []
+        _train("vanilla", micro_batches=2, trace=trace, pick=pick)
+        position = {(e.stage, e.kind, e.batch, e.micro): n for n, e in enumerate(trace)}
+        stages = range(2) if kind == "F" else range(1, 3)
+        for k, i in itertools.product(stages, range(6)):
+            assert position[(k + neighbour, kind, i, 0)] < position[(k, kind, i, 1)], (kind, k, i)
+
+
+def test_sync_trace_has_one_event_per_micro_batch():
+    trace = []
+    _train("sync", micro_batches=3, num_batches=2, trace=trace)  # 4 examples: 2, 1, 1
+    got = [(e.kind, e.batch, e.micro, e.stage) for e in trace]
+    want = [(kind, i, j, k) for i in range(2) for j in range(3)
+            for kind, stages in (("F", range(3)), ("B", range(2, -1, -1))) for k in stages]
+    assert got == want
+    assert all(e.updates == e.batch for e in trace)
+
+
+@pytest.mark.parametrize("mode, target", ASYNC_CONFIGS)
+def test_micro_batch_result_does_not_depend_on_pick_order(mode, target):
+    want, want_losses = _train(mode, target, micro_batches=3)
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        got, losses = _train(mode, target, micro_batches=3,
+                             pick=lambda ready, rng=rng: int(rng.choice(ready)))
+        assert _max_diff(got, want) == 0.0
+        assert losses == want_losses
+
+
+@pytest.mark.parametrize("micro_batches", [0, -1, 2.0, "2", True, None])
+def test_bad_micro_batches_are_named(micro_batches):
+    with pytest.raises(ValueError, match="`micro_batches` must be a positive int. "
+                                         f"Received: micro_batches={micro_batches!r}"):
+        _train("vanilla", micro_batches=micro_batches)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stash"])
+def test_micro_batches_above_a_mini_batch_size_are_named(mode):
+    batches = _batches([4, 4, 2])  # the last mini-batch would get an empty micro-batch
+    params, _ = ref.make_problem(0, LAYERS, 1, 1)
+    with pytest.raises(ValueError, match="micro_batches=3, len\\(batches\\[2\\]\\[0\\]\\)=2"):
+        ref.train_reference(params, [1, 2, 1], batches, mode=mode, lr=0.1, momentum=0.9,
+                            micro_batches=3)
+    ref.train_reference(params, [1, 2, 1], batches, mode=mode, lr=0.1, momentum=0.9,
+                        micro_batches=2)  # at most the smallest size is fine
+
+
+# --- an independent 2-stage vanilla pipeline, without the event loop ----------------------
+
+
+def _dense(x, layers, logits_last):
+    """Forward through Dense layers; returns (pre-activations, layer inputs + output)."""
+    pre, post = [], [x]
+    for n, (w, b) in enumerate(layers):
+        pre.append(post[-1] @ w + b)
+        last = logits_last and n == len(layers) - 1
+        post.append(pre[-1] if last else np.where(pre[-1] > 0, pre[-1], 0.0))
+    return pre, post
+
+
+def _dense_vjp(pre, post, layers, delta, logits_last):
+    grads = [None] * len(layers)
+    for n in range(len(layers) - 1, -1, -1):
+        if not (logits_last and n == len(layers) - 1):
+            delta = np.where(pre[n] > 0, delta, 0.0)
+        grads[n] = [post[n].T @ delta, delta.sum(axis=0)]
+        delta = delta @ layers[n][0].T
+    return grads, delta
+
+
+def _vanilla_two_stages(params, batches, lr, momentum, micro_batches):
+    """SPECTRAIN.md's vanilla mode for N = 2, layers 0-1 on stage 0, written out by hand.
+
+    Stage 1 runs F(i), B(i) back to back at W_1^(i). Stage 0 runs F(i) at
+    W_0^(max(0, i - 1)) and B(i) at W_0^(i), recomputing each micro-batch's forward there.
+    Micro-batches come from np.array_split (its first `B % M` parts are one larger).
+    """
+    stages = [[[np.array(a, dtype=np.float64) for a in pair] for pair in params[:2]],
+              [[np.array(a, dtype=np.float64) for a in pair] for pair in params[2:]]]
+    velocity = [[[np.zeros_like(a) for a in pair] for pair in stage] for stage in stages]
+    history = [[[a.copy() for a in pair] for pair in stages[0]]]  # W_0^(n)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        sums = [None, None]
+        loss = 0.0
+        for xm, ym in zip(np.array_split(x, micro_batches), np.array_split(y, micro_batches)):
+            share = len(ym) / len(y)
+            h = _dense(xm, history[max(0, i - 1)], False)[1][-1]  # F(i) on stage 0, stale
+            pre, post = _dense(h, stages[1], True)
+            logits = pre[-1] - pre[-1].max(axis=1, keepdims=True)
+            probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+            loss += share * float(np.mean(-np.log(probs[np.arange(len(ym)), ym])))
+            delta = share * (probs - np.eye(probs.shape[1])[ym]) / len(ym)
+            grads = [_dense_vjp(pre, post, stages[1], delta, True)]
+            grads.insert(0, _dense_vjp(*_dense(xm, stages[0], False), stages[0], grads[0][1],
+                                       False))  # B(i) on stage 0 recomputes at W_0^(i)
+            for k in range(2):
+                g = grads[k][0]
+                sums[k] = g if sums[k] is None else [[a + b for a, b in zip(p, q)]
+                                                      for p, q in zip(sums[k], g)]
+        for stage, vel, total in zip(stages, velocity, sums):
+            for pair, vpair, gpair in zip(stage, vel, total):
+                for j in range(2):
+                    vpair[j] = momentum * vpair[j] - lr * gpair[j]
+                    pair[j] = pair[j] + vpair[j]
+        history.append([[a.copy() for a in pair] for pair in stages[0]])
+        losses.append(loss)
+    return [tuple(pair) for stage in stages for pair in stage], losses
+
+
+def test_micro_batches_match_a_hand_written_vanilla_pipeline():
+    params, _ = ref.make_problem(5, LAYERS, 1, 1)
+    batches = _batches([7, 7, 7], seed=6)
+    whole, whole_losses = _vanilla_two_stages(params, batches, 0.4, 0.9, 1)
+    split, split_losses = _vanilla_two_stages(params, batches, 0.4, 0.9, 3)
+    assert _max_diff(split, whole) < 1e-13
+    np.testing.assert_allclose(split_losses, whole_losses, rtol=1e-13)
+    for micro_batches in (1, 3, 7):
+        got, losses = ref.train_reference(params, [2, 2], batches, mode="vanilla", lr=0.4,
+                                          momentum=0.9, micro_batches=micro_batches)
+        assert _max_diff(got, whole) < 1e-12, micro_batches
+        np.testing.assert_allclose(losses, whole_losses, rtol=1e-12)
+    sync, _ = ref.train_reference(params, [2, 2], batches, mode="sync", lr=0.4, momentum=0.9)
+    assert _max_diff(whole, sync) > 1e-3  # contrast: stage 0's stale forward matters
