@@ -135,7 +135,7 @@ class EpochFeed:
     Args:
         model, loss: the wrapped model and the compiled loss (to check the data).
         x, y, batch_size, shuffle, steps_per_epoch: as `PipelineModel.fit` takes them.
-        micro_batches: the pipeline's GPipe micro-batches per mini-batch.
+        micro_batches: the pipeline's micro-batches per mini-batch.
 
     Raises:
         ValueError, TypeError: data that does not fit, or an epoch length that is

@@ -31,8 +31,9 @@ TARGETS = modes.TARGETS
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
-    "weight stashing), vanilla (naive, stale), sync (sequential SGD / GPipe); baselines: "
-    "single (one device), dp (data parallelism with tf.distribute.MirroredStrategy)"
+    "weight stashing), vanilla (naive, stale), sync (sequential SGD; GPipe or 1F1B-flush "
+    "with --micro-batches); baselines: single (one device), dp (data parallelism with "
+    "tf.distribute.MirroredStrategy)"
 )
 
 

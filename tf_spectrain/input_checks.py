@@ -58,7 +58,7 @@ def check_verbose(verbose):
 
 
 def check_micro_batch_split(num_examples, batch_size, micro_batches, flags=False):
-    """Checks that every mini-batch splits into `micro_batches` equal micro-batches (GPipe).
+    """Checks that every mini-batch splits into `micro_batches` equal micro-batches.
 
     `batch_size` must be a multiple of `micro_batches`, and the last, shorter mini-batch
     of an epoch of `num_examples` must not have fewer examples than `micro_batches`.
