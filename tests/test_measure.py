@@ -78,3 +78,47 @@ def test_measure_stages_runs_each_stage_on_its_device_with_its_own_variables():
         assert (a == b.numpy()).all()
     with pytest.raises(ValueError, match="one per stage"):
         costmodel.measure_stages(model, ["first"], 2, device=["/CPU:0"])
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_profile_model_counts_a_mixed_precision_policy_s_two_byte_activations(policy):
+    # Built under the policy, the layers compute and output in 16 bits while their weights
+    # stay float32; the model's inputs and a float32 output layer stay 4 bytes per element.
+    import keras
+
+    def build():
+        inputs = keras.Input((6,), name="x")
+        h = keras.layers.Dense(5, name="d1")(inputs)
+        h = keras.layers.Activation("relu", name="act")(h)
+        h = keras.layers.Dense(3, name="d2")(h)
+        outputs = keras.layers.Activation("linear", dtype="float32", name="out")(h)
+        return keras.Model(inputs, outputs)
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        mixed = build()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    assert mixed.get_layer("d1").dtype_policy.compute_dtype != "float32"
+    full = build()
+    profiles = {
+        name: costmodel.profile_model(model, batch_size=4, repeats=1, warmup=0)
+        for name, model in (("float32", full), (policy, mixed))
+    }
+    # Per example: d1 and act 5 elements, d2 3, out 3 (float32 in both).
+    assert [x.output_bytes for x in profiles["float32"].layers] == [20, 20, 12, 12]
+    assert [x.output_bytes for x in profiles[policy].layers] == [10, 10, 6, 12]
+    for profile in profiles.values():
+        assert [x.activation_bytes for x in profile.layers] == [
+            x.output_bytes for x in profile.layers
+        ]
+        assert [x.weight_bytes for x in profile.layers] == [4 * (6 * 5 + 5), 0, 4 * (5 * 3 + 3), 0]
+        assert profile.input_bytes == 24  # 6 float32 inputs
+    # The planner's terms follow: cut after act (stage 1 keeps act's 5 and d2's and out's
+    # 3 + 3 elements per example, at batch 4), weights and slots unchanged.
+    half = costmodel.StageTerms(profiles[policy], 4, 2, mode="sync").estimate(2, 3, 1)
+    whole = costmodel.StageTerms(profiles["float32"], 4, 2, mode="sync").estimate(2, 3, 1)
+    assert whole.activation_bytes == 4 * (20 + 12 + 12)
+    assert half.activation_bytes == 4 * (10 + 6 + 12)
+    assert (half.param_bytes, half.optimizer_bytes) == (whole.param_bytes, whole.optimizer_bytes)

@@ -29,6 +29,10 @@ from tf_spectrain.costmodel import ModelProfile
         ([("a", 1, 0, 0), ("b", 1, 0, 0), ("c", 0, 2, 0)], 2, True, ["a"]),
         # three stages of 1 | 1 | 1
         ([("a", 1, 0, 0), ("b", 1, 0, 0), ("c", 1, 0, 0)], 3, False, ["a", "b"]),
+        # a forward-heavy last layer: True (the last stage keeps its forward): after a
+        # 2 | 4, after b 4 | 2, the earliest wins; "always" recomputes c too: 2 | 6, 4 | 4
+        ([("a", 0, 2, 0), ("b", 0, 2, 0), ("c", 2, 0, 0)], 2, True, ["a"]),
+        ([("a", 0, 2, 0), ("b", 0, 2, 0), ("c", 2, 0, 0)], 2, "always", ["b"]),
     ],
 )
 def test_best_cuts_by_hand(layers, num_stages, recompute, expected):
@@ -107,17 +111,19 @@ MODES = [
 ]
 
 
-def _bf_stage(profiles, batch, mode, target, num_stages, first, last, k, link):
+def _bf_stage(profiles, batch, mode, target, num_stages, first, last, k, link,
+              options=("gpipe", "auto")):
     """`(seconds, memory bytes)` of layers first..last as stage k, from the layers directly
     (the rules of stage_terms' docstring and SPECTRAIN.md sections 3 and 4)."""
     bandwidth, latency, micro, slots = link
+    sched, recompute = options
     prof, ref = profiles[k], profiles[0]
     part = prof.layers[first : last + 1]
     scale = batch / prof.batch_size
     forward = sum(x.forward_time for x in part) * scale
     backward = sum(x.backward_time for x in part) * scale
-    recomputes = (mode == "vanilla" or (mode, target) == ("spectrain", "paper")) and (
-        k < num_stages - 1
+    recomputes = recompute == "always" or (
+        (mode == "vanilla" or (mode, target) == ("spectrain", "paper")) and k < num_stages - 1
     )
 
     def transfer(num_bytes):
@@ -128,10 +134,15 @@ def _bf_stage(profiles, batch, mode, target, num_stages, first, last, k, link):
     seconds = forward + backward + (forward if recomputes else 0.0)
     seconds += transfer(out) + transfer(received)
     params = sum(x.weight_bytes for x in part)
-    in_flight = 1 if mode == "sync" else num_stages - k  # 1F1B warm-up forwards
-    kept = received if first > 0 else prof.input_bytes * batch
-    own = sum(x.activation_bytes for x in part) * batch
-    activations = in_flight * kept + own if recomputes else in_flight * (kept + own)
+    # Mini-batches in flight (1F1B warm-up forwards), then micro-batches of batch / micro.
+    in_flight = 1 if mode == "sync" else num_stages - k
+    if mode == "sync" and sched == "1f1b":
+        micros = min(num_stages - k, micro)
+    else:
+        micros = in_flight * micro
+    kept = (received if first > 0 else prof.input_bytes * batch) / micro
+    own = sum(x.activation_bytes for x in part) * batch / micro
+    activations = micros * kept + own if recomputes else micros * (kept + own)
     s_f, s_b = k // 2 + num_stages - 1 - k, k // 2  # the paper's gaps
     if mode == "stash":
         versions = in_flight - 1
@@ -144,7 +155,7 @@ def _bf_stage(profiles, batch, mode, target, num_stages, first, last, k, link):
     return seconds, params * (1 + slots) + activations + versions * params
 
 
-def _bf_plans(profiles, batch, mode, target, num_stages, link, ends):
+def _bf_plans(profiles, batch, mode, target, num_stages, link, ends, options=("gpipe", "auto")):
     """Every cut list over `ends`, with its stages' (seconds, memory)."""
     size = len(profiles[0])
     plans = []
@@ -152,7 +163,7 @@ def _bf_plans(profiles, batch, mode, target, num_stages, link, ends):
         bounds = [-1, *cuts, size - 1]
         stages = [
             _bf_stage(profiles, batch, mode, target, num_stages, bounds[k] + 1, bounds[k + 1],
-                      k, link)
+                      k, link, options)
             for k in range(num_stages)
         ]
         plans.append((list(cuts), stages))
@@ -210,7 +221,7 @@ def _random_profiles(rng, num_stages):
 
 
 @pytest.mark.parametrize("mode, target", MODES)
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_plan_partition_matches_brute_force(seed, mode, target):
     rng = random.Random(1000 * seed + MODES.index((mode, target)))
     num_stages = rng.randint(1, 4)
@@ -219,15 +230,17 @@ def test_plan_partition_matches_brute_force(seed, mode, target):
     batch = rng.randint(1, 8)
     bandwidth = rng.choice([math.inf, rng.uniform(0.5, 4) * MIB])
     latency = rng.choice([0.0, rng.uniform(0, 0.5)])
-    micro = rng.randint(1, 3) if mode == "sync" else 1
+    micro = rng.randint(1, 5)  # any mode
     slots = rng.choice([0, 1, 2])
     link = (bandwidth, latency, micro, slots)
+    options = (rng.choice(["gpipe", "1f1b"]) if mode == "sync" else "gpipe",
+               rng.choice(["auto", "always"]))
     if rng.random() < 0.3 and size - 1 > num_stages - 1:
         allowed = sorted(rng.sample(range(size - 1), rng.randint(num_stages - 1, size - 1)))
     else:
         allowed = None
     ends = list(range(size - 1)) if allowed is None else allowed
-    plans = _bf_plans(profiles, batch, mode, target, num_stages, link, ends)
+    plans = _bf_plans(profiles, batch, mode, target, num_stages, link, ends, options)
     names = profiles[0].names
 
     # Memory limits: none; one number that leaves out about half of the cut lists (halfway
@@ -255,6 +268,7 @@ def test_plan_partition_matches_brute_force(seed, mode, target):
             mode=mode, spectrain_target=target, micro_batches=micro, bandwidth=bandwidth,
             latency=latency, memory_limit=memory_limit, optimizer_slots=slots,
             allowed=None if allowed is None else [names[p] for p in allowed],
+            schedule=options[0], recompute=options[1],
         )
         if not fitting:
             with pytest.raises(costmodel.MemoryLimitError) as info:
@@ -312,6 +326,93 @@ def test_memory_limit_error_names_the_least_memory_plan():
     )
 
 
+def test_memory_limit_picks_another_plan_with_1f1b_than_with_gpipe():
+    # sync, 2 stages, 4 micro-batches, nothing but x0's and x1's 20 bytes of outputs per
+    # example (batch 1) and 2 s per layer. The balanced cut after x1 (4 | 4 s) puts 40
+    # bytes on stage 0: GPipe keeps all 4 micro-batches (40 > 30); 1F1B-flush keeps
+    # min(2 - 0, 4) = 2 of them: 40 * 2 / 4 = 20. GPipe has to cut after x0 (2 | 6 s, 20
+    # and 20 bytes); 1F1B-flush keeps the balanced cut.
+    profile = ModelProfile(
+        [L("x0", 1, 1, 0, 0, 20), L("x1", 1, 1, 0, 0, 20), L("x2", 1, 1), L("x3", 1, 1)],
+        batch_size=1, name="acts",
+    )
+    kwargs = dict(mode="sync", micro_batches=4, optimizer_slots=0)
+    assert costmodel.plan_partition(profile, 2, 1, **kwargs).cuts == ["x1"]  # no limit
+    gpipe = costmodel.plan_partition(profile, 2, 1, memory_limit=30, **kwargs)
+    flush = costmodel.plan_partition(profile, 2, 1, memory_limit=30, schedule="1f1b", **kwargs)
+    assert gpipe.cuts == ["x0"] and flush.cuts == ["x1"]
+    assert [s.activation_bytes for s in gpipe.stages] == pytest.approx([20, 20])
+    assert [s.activation_bytes for s in flush.stages] == pytest.approx([20, 0])
+    assert gpipe.seconds_per_batch == pytest.approx(6) and flush.seconds_per_batch == (
+        pytest.approx(4)
+    )
+    # The plan says what it was planned for.
+    assert (flush.micro_batches, flush.schedule, flush.recompute) == (4, "1f1b", "auto")
+    data = flush.to_dict()
+    assert (data["micro_batches"], data["schedule"], data["recompute"]) == (4, "1f1b", "auto")
+    assert "mode 'sync', 4 micro-batches, schedule '1f1b', batch 1" in str(flush)
+    # Under 20 bytes nothing fits either way, and the message says what could help.
+    with pytest.raises(costmodel.MemoryLimitError) as info:
+        costmodel.plan_partition(profile, 2, 1, memory_limit=15, **kwargs)
+    assert "schedule='1f1b'" in str(info.value) and "recompute='always'" in str(info.value)
+    # ... and leaves out what is already planned for, or not allowed in the mode.
+    for mode, extra in [("sync", dict(schedule="1f1b", recompute="always")),
+                        ("stash", dict())]:
+        with pytest.raises(costmodel.MemoryLimitError) as info:
+            costmodel.plan_partition(profile, 2, 1, mode=mode, memory_limit=5,
+                                     optimizer_slots=0, **extra)
+        assert "schedule=" not in str(info.value), mode
+        assert ("recompute='always'" in str(info.value)) is (mode == "stash")
+
+
+def test_memory_limit_picks_another_plan_with_recompute_always():
+    # stash, 2 stages: stage 0 holds 2 mini-batches. x0 and x1 output 20 bytes each (kept
+    # for the backward), nothing crosses a cut. After x1 (2 | 2 s of compute), stage 0
+    # keeps 2 * 40 = 80 > 50 bytes; after x0, 2 * 20 = 40 and 20. With recompute="always"
+    # it keeps only the (empty) inputs plus one forward's outputs: 40; every stage then
+    # also pays its forward again (3 | 3 s after x1, 1.5 | 4.5 s after x0).
+    profile = ModelProfile(
+        [L("x0", 0.5, 0.5, 0, 0, 20), L("x1", 0.5, 0.5, 0, 0, 20), L("x2", 0.5, 0.5),
+         L("x3", 0.5, 0.5)],
+        batch_size=1, name="acts",
+    )
+    kwargs = dict(mode="stash", optimizer_slots=0, memory_limit=50)
+    auto = costmodel.plan_partition(profile, 2, 1, **kwargs)
+    always = costmodel.plan_partition(profile, 2, 1, recompute="always", **kwargs)
+    assert auto.cuts == ["x0"] and always.cuts == ["x1"]
+    assert [s.activation_bytes for s in auto.stages] == pytest.approx([40, 20])
+    assert [s.activation_bytes for s in always.stages] == pytest.approx([40, 0])
+    assert [s.seconds for s in auto.stages] == pytest.approx([1, 3])
+    assert [s.seconds for s in always.stages] == pytest.approx([3, 3])
+    assert "recompute 'always'" in str(always)
+
+
+@pytest.mark.parametrize(
+    "mode, cuts, seconds, sends",
+    [
+        # after l0: 1 + 2 + 4 = 7 | 4 + 6 + 4 = 14; after l1: 2 + 3 + 5 = 10 | 3 + 5 + 5 = 13;
+        # after l2: 4 + 5 + 3.5 = 12.5 | 1 + 3 + 3.5 = 7.5
+        ("stash", ["l2"], [12.5, 7.5], [3.5, 3.5]),
+        # stage 0 recomputes its forward: after l0: 8 | 14; after l1: 12 | 13; after l2:
+        # 16.5 | 7.5
+        ("vanilla", ["l1"], [12, 13], [5, 5]),
+        ("spectrain", ["l1"], [12, 13], [5, 5]),
+    ],
+)
+def test_micro_batches_plan_in_asynchronous_modes(mode, cuts, seconds, sends):
+    # Async modes take micro-batches too: each hand-off pays the latency per micro-batch.
+    # CHAIN (f, b: 1, 2 | 1, 1 | 2, 2 | 1, 3; bytes per example after l0, l1, l2: 10, 20,
+    # 5) at batch 1 on 2 stages, 10 B/s, latency 1 s, M = 3: a hand-off after l0 takes
+    # 3 * 1 + 10 / 10 = 4, after l1 3 + 2 = 5, after l2 3 + 0.5 = 3.5.
+    plan = costmodel.plan_partition(
+        CHAIN, 2, 1, mode=mode, micro_batches=3, bandwidth=10.0, latency=1.0
+    )
+    assert plan.cuts == cuts
+    assert [s.seconds for s in plan.stages] == pytest.approx(seconds)
+    assert [s.send for s in plan.stages] == pytest.approx(sends)
+    assert plan.micro_batches == 3
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
@@ -322,6 +423,11 @@ def test_memory_limit_error_names_the_least_memory_plan():
         (dict(mode="pipe"), ValueError, r"`mode` must be one of"),
         (dict(allowed="l1"), TypeError, r"allowed='l1'"),
         (dict(num_stages=3, allowed=["l1"]), ValueError, r"needs 2 cut positions but only 1"),
+        (dict(schedule="pipedream"), ValueError, r"Received: schedule='pipedream'"),
+        (dict(schedule="1f1b", mode="vanilla"), ValueError,
+         r"`schedule` must be 'gpipe' unless mode='sync'.*schedule='1f1b' with mode='vanilla'"),
+        (dict(recompute="sometimes"), ValueError, r"Received: recompute='sometimes'"),
+        (dict(micro_batches=0), ValueError, r"micro_batches=0"),
     ],
 )
 def test_plan_partition_rejects_bad_arguments(kwargs, error, match):

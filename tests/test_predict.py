@@ -126,6 +126,103 @@ def test_epoch_on_one_shared_compute_unit_is_all_compute():
     assert estimate.epoch_seconds == pytest.approx(39.0)
 
 
+# --- micro-batches and recomputing on every stage -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cuts, recompute, micro, latency, expected",
+    [
+        # l0-l1 | l2-l3 (F, B = 2, 3 | 3, 5), send 20 B / 10 B/s = 2 s.
+        # True: stage 0's backward + 2: max(2 + 5 + 2, 3 + 5 + 2) = 10
+        ([1], True, 1, 0.0, 10.0),
+        # "always": the last stage's too: max(9, 3 + 8 + 2) = 13
+        ([1], "always", 1, 0.0, 13.0),
+        # M = 4 micro-batches, latency 0.25: the send is 4 * 0.25 + 2 = 3: max(8, 11) = 11
+        ([1], False, 4, 0.25, 11.0),
+        # ... once per mini-batch with M = 1: 2.25: max(7.25, 10.25)
+        ([1], False, 1, 0.25, 10.25),
+        # l0 | l1-l2 | l3, "always", M = 2, latency 0.5: sends 2 * 0.5 + 1 = 2 and
+        # 2 * 0.5 + 0.5 = 1.5: max(1 + 3 + 2, 3 + 6 + 2 + 1.5, 1 + 4 + 1.5) = 12.5
+        ([0, 2], "always", 2, 0.5, 12.5),
+    ],
+)
+def test_pipeline_with_micro_batches_and_recompute(cuts, recompute, micro, latency, expected):
+    machine = hw(num_gpus=3, latency=latency)
+    estimate = costmodel.predict_pipeline(
+        CHAIN, machine, 1, cuts, recompute=recompute, micro_batches=micro
+    )
+    assert estimate.seconds_per_batch == pytest.approx(expected)
+    # A hybrid of one replica is the pipeline.
+    hybrid = costmodel.predict_hybrid(
+        CHAIN, machine, 1, cuts, 1, recompute=recompute, micro_batches=micro
+    )
+    assert hybrid.seconds_per_batch == pytest.approx(expected)
+
+
+def test_pipeline_times_recompute_always_adds_every_forward():
+    forward, backward, send = costmodel.pipeline_times(
+        CHAIN, hw(num_gpus=3, latency=0.5), 1, [0, 2], recompute="always", micro_batches=2
+    )
+    assert forward == pytest.approx([1, 3, 1])
+    assert backward == pytest.approx([2 + 1, 3 + 3, 3 + 1])  # the last stage's too
+    assert send == pytest.approx([2.0, 1.5])
+
+
+# --- the synchronous pipeline ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(
+    "cuts, micro, latency, recompute, concurrency, expected",
+    [
+        # l0-l1 | l2-l3 (F, B = 2, 3 | 3, 5), send 2 s. M = 1 is sequential: F0, send, F1,
+        # B1, send back, B0 = 2 + 2 + 3 + 5 + 2 + 3 = 17
+        ([1], 1, 0.0, False, None, 17.0),
+        # M = 2: per micro-batch, forwards with sends (2 + 2) / 2, 3 / 2 and backwards
+        # 3 / 2, (5 + 2) / 2: (2 + 1.5 + 2) + (1.5 + 3.5 + 3.5) = 5.5 + 8.5 = 14
+        ([1], 2, 0.0, False, None, 14.0),
+        # latency 0.5 paid per micro-batch: the send is 2 * 0.5 + 2 = 3: forwards 2.5, 1.5,
+        # backwards 1.5, 4: (2.5 + 1.5 + 2.5) + (1.5 + 4 + 4) = 16
+        ([1], 2, 0.5, False, None, 16.0),
+        # "always" recomputes on both stages: backwards 3 + 2, 5 + 3 (+ 2 sent): per
+        # micro-batch 2.5, 5: (2 + 1.5 + 2) + (2.5 + 5 + 5) = 18
+        ([1], 2, 0.0, "always", None, 18.0),
+        # one compute unit for both stages: no faster than all compute, 13
+        ([1], 4, 0.0, False, 1, 13.0),
+        # one stage: the whole model, whatever M: 5 + 8
+        ([], 4, 0.0, False, None, 13.0),
+    ],
+)
+def test_sync_pipeline_by_hand(cuts, micro, latency, recompute, concurrency, expected, schedule):
+    machine = hw(num_gpus=2, latency=latency, concurrency=concurrency)
+    estimate = costmodel.predict_sync(
+        CHAIN, machine, 1, cuts, micro_batches=micro, schedule=schedule, recompute=recompute
+    )
+    assert estimate.kind == "sync"
+    assert estimate.seconds_per_batch == pytest.approx(expected)
+
+
+def test_sync_pipeline_bubble_and_epoch():
+    # N equal one-layer stages (F = 1, B = 2 each), free links: (M + N - 1) / M * 3 per
+    # mini-batch, the bubble (N - 1) / (M + N - 1) idle; the same for 1F1B-flush.
+    machine = hw(num_gpus=4, bandwidth=math.inf)
+    for n, m in [(2, 4), (4, 8), (4, 1), (3, 2)]:
+        profile = ModelProfile([L(f"x{p}", 1, 2) for p in range(n)], batch_size=1)
+        for schedule in ("gpipe", "1f1b"):
+            estimate = costmodel.predict_sync(profile, machine, 1, list(range(n - 1)), m,
+                                              schedule)
+            assert estimate.seconds_per_batch == pytest.approx((m + n - 1) / m * 3)
+            busy = 3 / estimate.seconds_per_batch
+            assert 1 - busy == pytest.approx((n - 1) / (m + n - 1))
+    profile = ModelProfile([L(f"x{p}", 1, 2) for p in range(4)], batch_size=1)
+    estimate = costmodel.predict_sync(profile, machine, 1, [0, 1, 2], 8, num_batches=5)
+    assert estimate.epoch_seconds == pytest.approx(5 * 11 / 8 * 3)
+    assert estimate.seconds_per_batch == pytest.approx(11 / 8 * 3)
+    # recompute="always": B + F = 3 per stage: (M + N - 1) / M * 4
+    always = costmodel.predict_sync(profile, machine, 1, [0, 1, 2], 8, recompute="always")
+    assert always.seconds_per_batch == pytest.approx(11 / 8 * 4)
+
+
 # --- bad input to the predictions ---------------------------------------------------------
 
 
@@ -146,6 +243,19 @@ def test_epoch_on_one_shared_compute_unit_is_all_compute():
          r"num_batches=0"),
         (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], recompute="yes"), TypeError,
          r"recompute='yes'"),
+        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], recompute="auto"), TypeError,
+         r"`recompute` must be True, False or 'always'\. Received: recompute='auto'"),
+        (lambda: costmodel.predict_pipeline(CHAIN, hw(), 1, [0], micro_batches=0), ValueError,
+         r"micro_batches=0"),
+        (lambda: costmodel.predict_hybrid(CHAIN, hw(), 1, [0], 1, recompute=1), TypeError,
+         r"recompute=1"),
+        (lambda: costmodel.predict_sync(CHAIN, hw(), 1, [0], 2, schedule="pipedream"),
+         ValueError, r"`schedule` must be one of \['gpipe', '1f1b'\]\. "
+         r"Received: schedule='pipedream'"),
+        (lambda: costmodel.predict_sync(CHAIN, hw(), 1, [0], micro_batches=1.5), TypeError,
+         r"micro_batches=1.5"),
+        (lambda: costmodel.predict_sync(CHAIN, hw(), 1, [0], num_batches=0), ValueError,
+         r"num_batches=0"),
         (lambda: costmodel.simulate_epoch([1, 1], [1], [0], [0], 2), ValueError,
          r"`backward` must be a list of 2"),
         (lambda: costmodel.simulate_epoch([1, -1], [1, 1], [0], [0], 2), ValueError,

@@ -246,3 +246,223 @@ def test_infinite_bandwidth_is_allowed_and_free():
     terms = StageTerms(P, 2, 2, mode="sync", bandwidth=math.inf)
     assert terms.estimate(0, 1, 0).send == 0.0
     assert terms.estimate(0, 1, 0).sent_bytes == 40  # b's 20 bytes/example at batch 2
+
+
+# --- micro-batches in every mode, the sync schedule and recomputation ---------------------
+
+# Batch 2 on a | b c | d with LINK, as CASES: forward 1, 5, 1; backward 2, 4, 2; weights
+# 100, 40, 60 (one optimizer slot each); sent 20, 10, 0 bytes. Per mini-batch: inputs kept
+# 6, 20, 10 and own outputs 16, 48, 4. A micro-batch is 1 / M of each.
+# Sends with M micro-batches (latency 0.5 once per micro-batch, 10 B/s):
+#   M = 1: 2.5, 4.0, 1.5;  M = 2: 3, (1 + 1) + (1 + 2) = 5, 2;  M = 4: 4, 7, 3.
+# In flight, in micro-batches: async N - k mini-batches of M each (3M, 2M, M); sync gpipe
+# M on every stage; sync 1f1b min(3 - k, M). A stage that reuses its forward keeps
+# n * (inputs + outputs) / M; one that recomputes n * inputs / M + outputs / M.
+OPTION_CASES = [
+    # sync, gpipe, M = 4, recompute always: every stage recomputes (1, 5, 1), the last too.
+    #   (4 * 6 + 16) / 4 = 10; (4 * 20 + 48) / 4 = 32; (4 * 10 + 4) / 4 = 11
+    ("sync", "paper", 4, "gpipe", "always", [4, 4, 4], [
+        row(1, 2, 1, 4, 100, 100, 10, 0, 20),
+        row(5, 4, 5, 7, 40, 40, 32, 0, 10),
+        row(1, 2, 1, 3, 60, 60, 11, 0, 0),
+    ]),
+    # sync, 1f1b, M = 4: 3, 2, 1 of the 4 micro-batches in flight, reusing the forward:
+    #   3 * 22 / 4 = 16.5; 2 * 68 / 4 = 34; 1 * 14 / 4 = 3.5 (gpipe: 22, 68, 14)
+    ("sync", "paper", 4, "1f1b", "auto", [3, 2, 1], [
+        row(1, 2, 0, 4, 100, 100, 16.5, 0, 20),
+        row(5, 4, 0, 7, 40, 40, 34, 0, 10),
+        row(1, 2, 0, 3, 60, 60, 3.5, 0, 0),
+    ]),
+    # sync, 1f1b, M = 4, recompute always: (3 * 6 + 16) / 4 = 8.5; (2 * 20 + 48) / 4 = 22;
+    #   (10 + 4) / 4 = 3.5
+    ("sync", "paper", 4, "1f1b", "always", [3, 2, 1], [
+        row(1, 2, 1, 4, 100, 100, 8.5, 0, 20),
+        row(5, 4, 5, 7, 40, 40, 22, 0, 10),
+        row(1, 2, 1, 3, 60, 60, 3.5, 0, 0),
+    ]),
+    # vanilla, M = 4: 12, 8, 4 micro-batches in flight; stages 0 and 1 recompute:
+    #   12 * 6 / 4 + 16 / 4 = 22; 8 * 20 / 4 + 48 / 4 = 52; the last reuses: 4 * 14 / 4 = 14
+    ("vanilla", "paper", 4, "gpipe", "auto", [12, 8, 4], [
+        row(1, 2, 1, 4, 100, 100, 22, 0, 20),
+        row(5, 4, 5, 7, 40, 40, 52, 0, 10),
+        row(1, 2, 0, 3, 60, 60, 14, 0, 0),
+    ]),
+    # stash, M = 4: the same bytes as M = 1 (3 * 22 = 66, 2 * 68 = 136, 14) and the same
+    #   stashed versions (2, 1, 0 per mini-batch); only the sends pay more latency.
+    ("stash", "paper", 4, "gpipe", "auto", [12, 8, 4], [
+        row(1, 2, 0, 4, 100, 100, 66, 200, 20),
+        row(5, 4, 0, 7, 40, 40, 136, 40, 10),
+        row(1, 2, 0, 3, 60, 60, 14, 0, 0),
+    ]),
+    # stash, M = 1, recompute always: 3 * 6 + 16 = 34; 2 * 20 + 48 = 88; 10 + 4 = 14;
+    #   the stashed versions stay (explicit copies).
+    ("stash", "paper", 1, "gpipe", "always", [3, 2, 1], [
+        row(1, 2, 1, 2.5, 100, 100, 34, 200, 20),
+        row(5, 4, 5, 4.0, 40, 40, 88, 40, 10),
+        row(1, 2, 1, 1.5, 60, 60, 14, 0, 0),
+    ]),
+    # consistent spectrain, M = 4, recompute always: (12 * 6 + 16) / 4 = 22;
+    #   (8 * 20 + 48) / 4 = 52; (4 * 10 + 4) / 4 = 11; predicted versions 3, 2, 0 as M = 1.
+    ("spectrain", "consistent", 4, "gpipe", "always", [12, 8, 4], [
+        row(1, 2, 1, 4, 100, 100, 22, 300, 20),
+        row(5, 4, 5, 7, 40, 40, 52, 80, 10),
+        row(1, 2, 1, 3, 60, 60, 11, 0, 0),
+    ]),
+    # paper spectrain, M = 2, recompute always: 6, 4, 2 micro-batches in flight:
+    #   (6 * 6 + 16) / 2 = 26; (4 * 20 + 48) / 2 = 64; (2 * 10 + 4) / 2 = 12
+    ("spectrain", "paper", 2, "gpipe", "always", [6, 4, 2], [
+        row(1, 2, 1, 3, 100, 100, 26, 100, 20),
+        row(5, 4, 5, 5, 40, 40, 64, 40, 10),
+        row(1, 2, 1, 2, 60, 60, 12, 60, 0),
+    ]),
+]
+
+
+@pytest.mark.parametrize(
+    "mode, target, micro, sched, recompute, in_flight, expected",
+    OPTION_CASES,
+    ids=[f"{c[0]}-{c[1]}-M{c[2]}-{c[3]}-{c[4]}" for c in OPTION_CASES],
+)
+def test_micro_batches_schedule_and_recompute_by_hand(
+    mode, target, micro, sched, recompute, in_flight, expected
+):
+    terms = StageTerms(
+        P, 2, 3, mode=mode, spectrain_target=target, micro_batches=micro, schedule=sched,
+        recompute=recompute, **LINK,
+    )
+    assert [terms.in_flight(k) for k in range(3)] == in_flight
+    for (first, last, k), want in zip(SPLIT3, expected):
+        est = terms.estimate(first, last, k)
+        got = {f: getattr(est, f) for f in FIELDS}
+        assert got == pytest.approx(want), f"stage {k}"
+        assert terms.seconds(first, last, k) == pytest.approx(est.seconds)
+        assert terms.memory_bytes(first, last, k) == pytest.approx(est.memory_bytes)
+
+
+def test_1f1b_keeps_at_most_n_minus_k_of_the_micro_batches():
+    # N = 4 one-layer stages of P at batch 8 (4x the profile's): per mini-batch, inputs and
+    # outputs kept are 3 * 8 + 8 * 8 = 88, 10 * 8 + 20 * 8 = 240, 20 * 8 + 4 * 8 = 192,
+    # 5 * 8 + 2 * 8 = 56. GPipe keeps all 8 micro-batches (a whole mini-batch's bytes);
+    # 1F1B-flush keeps min(4 - k, 8) = 4, 3, 2, 1 of them: 4/8, 3/8, 2/8, 1/8 of those bytes.
+    split = [(k, k, k) for k in range(4)]
+    gpipe = StageTerms(P, 8, 4, mode="sync", micro_batches=8, **LINK)
+    flush = StageTerms(P, 8, 4, mode="sync", micro_batches=8, schedule="1f1b", **LINK)
+    assert [gpipe.in_flight(k) for k in range(4)] == [8, 8, 8, 8]
+    assert [flush.in_flight(k) for k in range(4)] == [4, 3, 2, 1]
+    assert [gpipe.estimate(*s).activation_bytes for s in split] == pytest.approx(
+        [88, 240, 192, 56]
+    )
+    assert [flush.estimate(*s).activation_bytes for s in split] == pytest.approx(
+        [44, 90, 48, 7]
+    )
+    for s in split:
+        g, f = gpipe.estimate(*s), flush.estimate(*s)
+        assert f.activation_bytes < g.activation_bytes
+        # The same time per mini-batch and the same weights, slots and stashes.
+        assert f.seconds == pytest.approx(g.seconds)
+        assert f.memory_bytes - f.activation_bytes == pytest.approx(
+            g.memory_bytes - g.activation_bytes
+        )
+    # With M = 2 <= N - k on stages 0..2, 1F1B-flush keeps both micro-batches there too;
+    # only the last stage (1 of 2) keeps less.
+    flush2 = StageTerms(P, 8, 4, mode="sync", micro_batches=2, schedule="1f1b")
+    assert [flush2.in_flight(k) for k in range(4)] == [2, 2, 2, 1]
+    assert [flush2.estimate(*s).activation_bytes for s in split] == pytest.approx(
+        [88, 240, 192, 28]
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "vanilla", "stash", "spectrain"])
+def test_recompute_always_adds_one_forward_on_every_stage(mode):
+    auto = StageTerms(P, 2, 3, mode=mode, **LINK)
+    always = StageTerms(P, 2, 3, mode=mode, recompute="always", **LINK)
+    # forwards 1, 5, 1 (CASES): "always" pays each once more, the last stage included.
+    for (first, last, k), forward in zip(SPLIT3, [1, 5, 1]):
+        assert always.recomputes(k)
+        assert always.estimate(first, last, k).recompute == pytest.approx(forward)
+        extra = 0.0 if auto.recomputes(k) else forward
+        assert always.seconds(first, last, k) == pytest.approx(
+            auto.seconds(first, last, k) + extra
+        )
+        # The weight versions do not change; the activations never grow.
+        assert always.estimate(first, last, k).stash_bytes == auto.estimate(
+            first, last, k
+        ).stash_bytes
+        assert always.estimate(first, last, k).activation_bytes <= auto.estimate(
+            first, last, k
+        ).activation_bytes
+
+
+def test_micro_batches_leave_asynchronous_versions_and_reusing_bytes_alone():
+    for mode, target in [("stash", "paper"), ("spectrain", "consistent"),
+                         ("spectrain", "paper"), ("vanilla", "paper")]:
+        one = StageTerms(P, 2, 3, mode=mode, spectrain_target=target)
+        four = StageTerms(P, 2, 3, mode=mode, spectrain_target=target, micro_batches=4)
+        for first, last, k in SPLIT3:
+            assert four.batches_in_flight(k) == one.batches_in_flight(k) == 3 - k
+            assert four.in_flight(k) == 4 * one.in_flight(k)
+            a, b = one.estimate(first, last, k), four.estimate(first, last, k)
+            assert b.stash_bytes == a.stash_bytes
+            assert b.seconds == pytest.approx(a.seconds)  # free links: no latency to pay
+            if not one.recomputes(k):
+                assert b.activation_bytes == pytest.approx(a.activation_bytes)
+
+
+def test_two_byte_activations_halve_activation_and_hand_off_bytes_not_weights():
+    # A profile as profile_model measures a mixed_float16 model: every layer's outputs
+    # and hand-offs 2 bytes per element instead of 4 (the model's inputs stay float32),
+    # the weights float32.
+    half = ModelProfile(
+        [L(x.name, x.forward_time, x.backward_time, x.output_bytes / 2, x.weight_bytes,
+           x.activation_bytes / 2) for x in P.layers],
+        batch_size=2, name="half", input_bytes=P.input_bytes,
+    )
+    for mode in ("sync", "stash", "spectrain"):
+        full = StageTerms(P, 2, 3, mode=mode, optimizer_slots=2)
+        mixed = StageTerms(half, 2, 3, mode=mode, optimizer_slots=2)
+        for first, last, k in SPLIT3[1:]:  # stages whose inputs are hand-offs
+            a, b = full.estimate(first, last, k), mixed.estimate(first, last, k)
+            assert b.activation_bytes == pytest.approx(a.activation_bytes / 2)
+            assert b.sent_bytes == pytest.approx(a.sent_bytes / 2)
+            assert (b.param_bytes, b.optimizer_bytes, b.stash_bytes) == (
+                a.param_bytes, a.optimizer_bytes, a.stash_bytes,
+            )
+        # Stage 0 keeps the float32 inputs (6 bytes at batch 2) and half its outputs
+        # (16 -> 8): sync and stash keep both for 1 and 3 mini-batches; paper spectrain
+        # recomputes: 3 inputs and one forward's outputs.
+        want_full, want_mixed = {
+            "sync": (6 + 16, 6 + 8), "stash": (3 * (6 + 16), 3 * (6 + 8)),
+            "spectrain": (3 * 6 + 16, 3 * 6 + 8),
+        }[mode]
+        assert full.estimate(0, 0, 0).activation_bytes == pytest.approx(want_full)
+        assert mixed.estimate(0, 0, 0).activation_bytes == pytest.approx(want_mixed)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(schedule="pipedream"), r"`schedule` must be one of \['gpipe', '1f1b'\]\. "
+         r"Received: schedule='pipedream'"),
+        (dict(mode="stash", schedule="1f1b"),
+         r"`schedule` must be 'gpipe' unless mode='sync'.*Received: schedule='1f1b' with "
+         r"mode='stash'"),
+        (dict(mode="spectrain", schedule="1f1b"), r"schedule='1f1b' with mode='spectrain'"),
+        (dict(recompute="never"), r"`recompute` must be one of \['auto', 'always'\]\. "
+         r"Received: recompute='never'"),
+        (dict(recompute=True), r"Received: recompute=True"),
+        (dict(schedule=None), r"Received: schedule=None"),
+    ],
+)
+def test_bad_schedule_and_recompute_are_refused(kwargs, match):
+    args = dict(profiles=P, batch_size=2, num_stages=2, mode="sync")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        StageTerms(**args)
+
+
+def test_1f1b_in_sync_and_micro_batches_in_every_mode_are_accepted():
+    from tf_spectrain.costmodel.stage_terms import check_pipeline_options
+
+    assert check_pipeline_options("sync", "paper", 4, "1f1b", "always") == 4
+    for mode in ("vanilla", "stash", "spectrain"):
+        assert check_pipeline_options(mode, "paper", 3, "gpipe", "auto") == 3

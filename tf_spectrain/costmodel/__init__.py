@@ -2,8 +2,9 @@
 
 It predicts one training iteration, and images/s, from per-layer compute times, activation
 and weight sizes, the cut points and a `Hardware` description, for one device, data
-parallelism (ring all-reduce every step), the asynchronous SpecTrain pipeline (1F1B) and
-R replicas of such a pipeline, on one host or several (`Hardware(num_hosts=...)`).
+parallelism (ring all-reduce every step), the asynchronous SpecTrain pipeline (1F1B), R
+replicas of such a pipeline and the synchronous pipeline (GPipe or 1F1B-flush), on one host
+or several (`Hardware(num_hosts=...)`).
 Everything here is pure Python except `profile_model`, which measures a Keras model with
 TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
 
@@ -25,6 +26,7 @@ from tf_spectrain.costmodel.predict import (
     predict_hybrid,
     predict_pipeline,
     predict_single,
+    predict_sync,
 )
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile, StageCost
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
@@ -69,6 +71,7 @@ __all__ = [
     "predict_hybrid",
     "predict_pipeline",
     "predict_single",
+    "predict_sync",
     "profile_model",
     "simulate_epoch",
     "steady_cycle",

@@ -6,7 +6,9 @@
    first stage device of each kind (one profile for identical devices), at the planned
    batch size; cached in memory per (model, batch shape, device kind).
 2. **Plans** with `planning.plan_partition`: the slowest stage's compute, recomputed
-   forward and hand-offs as small as possible, within the memory limits.
+   forward and hand-offs as small as possible, within the memory limits (what a stage
+   keeps follows the mode, micro-batches, `sync` schedule and recomputation; the sizes
+   are the measured tensors', so a mixed-precision policy's 2-byte activations count).
 3. **Calibrates**: per-layer times do not add up exactly to a stage's time (the per-call
    overhead of many small layers, memory traffic of a whole stage), so the planned stages
    are timed whole (`measure.measure_stages`) on their devices, each stage's layers are
@@ -29,7 +31,7 @@ import weakref
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.costmodel import measure, planning
+from tf_spectrain.costmodel import measure, planning, stage_terms
 from tf_spectrain.costmodel.profile import ModelProfile
 
 _PROFILES = {}  # (id(model), batch, input shapes, device kind) -> ModelProfile
@@ -46,6 +48,8 @@ def auto_partition(
     link_bandwidth=None,
     calibration_rounds=4,
     calibrate_above=0.005,
+    schedule="gpipe",
+    recompute="auto",
 ):
     """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
 
@@ -53,7 +57,8 @@ def auto_partition(
         model: a functional `keras.Model` or built `keras.Sequential`.
         devices: one device name per stage (names may repeat).
         batch_size: the mini-batch to profile and plan at, an int >= 1.
-        mode, spectrain_target, micro_batches: the pipeline's (see `PipelineModel`).
+        mode, spectrain_target, micro_batches: the pipeline's (see `PipelineModel`);
+            `micro_batches` in any mode.
         memory_limit: None, bytes per device, or a list of one per stage.
         link_bandwidth: bytes/s between neighbouring devices; None measures it between
             the first two devices when they are GPUs (`measure.measure_link`) and takes
@@ -62,6 +67,10 @@ def auto_partition(
         calibrate_above: calibrate only when the first plan's slowest stage is predicted
             to take at least this many seconds per mini-batch (>= 0). Shorter stages are
             timed mostly as per-call overhead and noise, so tiny models skip it.
+        schedule: the `sync` schedule, "gpipe" or "1f1b" (1F1B-flush keeps at most
+            `min(N - k, M)` micro-batches in flight on stage k); "gpipe" in other modes.
+        recompute: "auto" (stages whose backward runs at other weights recompute) or
+            "always" (every stage keeps only its inputs and recomputes its forward).
 
     Returns:
         A `PartitionPlan` (its `measured` holds each stage's measured forward plus
@@ -72,6 +81,7 @@ def auto_partition(
         TypeError, ValueError: for invalid arguments, or a model that cannot be split.
     """
     devices = list(devices)
+    stage_terms.check_pipeline_options(mode, spectrain_target, micro_batches, schedule, recompute)
     calibration_rounds = checks.check_int(
         "calibration_rounds", calibration_rounds, 0, meaning="stage timings"
     )
@@ -93,6 +103,8 @@ def auto_partition(
             latency=latency,
             memory_limit=memory_limit,
             devices=devices,
+            schedule=schedule,
+            recompute=recompute,
         )
         plan = planning.plan_partition(profiles, **settings)
         tried = []

@@ -16,6 +16,8 @@ class PartitionPlan:
         stages: one `stage_terms.StageEstimate` per stage.
         batch_size: the mini-batch the predictions are for.
         mode, spectrain_target: the pipeline mode planned for.
+        micro_batches, schedule, recompute: the micro-batches per mini-batch, the `sync`
+            schedule and the recomputation planned for (see `stage_terms.StageTerms`).
         devices: the stage devices, or None.
         memory_limits: per stage, the limit in bytes or None.
         profile_seconds: how long profiling (and calibrating) took, 0 for a given profile.
@@ -33,6 +35,9 @@ class PartitionPlan:
     profile_seconds: float = 0.0
     model_name: str = "model"
     measured: tuple = None
+    micro_batches: int = 1
+    schedule: str = "gpipe"
+    recompute: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "names", tuple(self.names))
@@ -96,6 +101,9 @@ class PartitionPlan:
             "batch_size": self.batch_size,
             "mode": self.mode,
             "spectrain_target": self.spectrain_target,
+            "micro_batches": self.micro_batches,
+            "schedule": self.schedule,
+            "recompute": self.recompute,
             "bottleneck": self.bottleneck,
             "balance": self.balance,
             "profile_seconds": self.profile_seconds,
@@ -103,11 +111,17 @@ class PartitionPlan:
         }
 
     def __str__(self):
+        options = [f"{self.micro_batches} micro-batches"] if self.micro_batches > 1 else []
+        if self.schedule != "gpipe":
+            options.append(f"schedule '{self.schedule}'")
+        if self.recompute != "auto":
+            options.append(f"recompute '{self.recompute}'")
+        mode = ", ".join([f"mode '{self.mode}'"] + options)
         header = (
-            f"Partition plan of '{self.model_name}': {self.num_stages} stages, mode "
-            f"'{self.mode}', batch {self.batch_size}; predicted {self.seconds_per_batch * 1e3:.1f}"
-            f" ms per mini-batch (stage {self.bottleneck} is the bottleneck), max/mean "
-            f"{self.balance:.2f}; profiling took {self.profile_seconds:.1f} s"
+            f"Partition plan of '{self.model_name}': {self.num_stages} stages, {mode}, batch "
+            f"{self.batch_size}; predicted {self.seconds_per_batch * 1e3:.1f} ms per mini-batch "
+            f"(stage {self.bottleneck} is the bottleneck), max/mean {self.balance:.2f}; "
+            f"profiling took {self.profile_seconds:.1f} s"
         )
         columns = (
             "stage", "device", "layers", "first .. last", "ms", "F+B measured ms",

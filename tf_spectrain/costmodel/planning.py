@@ -3,7 +3,9 @@
 `tf_spectrain.partition.plan_cuts` balances per-layer costs that simply add up. A pipeline
 stage also pays for its hand-offs, and those depend on where it starts and ends (a cut
 after a pooling layer sends a quarter of what a cut before it sends), and for the forward
-it recomputes in some modes; `stage_terms.StageTerms` prices every candidate stage whole.
+it recomputes in some modes, and its memory depends on the mode, the micro-batches, the
+`sync` schedule and recomputation; `stage_terms.StageTerms` prices every candidate stage
+whole.
 
 Dynamic programming over the layer chain, in `O(N * L**2)` for L cut candidates and N
 stages:
@@ -23,7 +25,7 @@ import math
 
 from tf_spectrain import checks
 from tf_spectrain.costmodel.plan import PartitionPlan
-from tf_spectrain.costmodel.predict import check_arguments
+from tf_spectrain.costmodel.predict import check_arguments, check_recompute_flag
 from tf_spectrain.costmodel.stage_terms import StageTerms
 
 _REL_TOL = 1e-12
@@ -45,8 +47,9 @@ def best_cuts(
         batch_size: examples per mini-batch, an int >= 1 (split over the replicas).
         num_stages: an int in `1 .. min(len(profile), hardware.num_gpus // replicas)`;
             None means that largest value.
-        recompute: whether every stage but the last recomputes its forward in its
-            backward (see `predict.pipeline_times`).
+        recompute: which stages recompute their forward in their backward (see
+            `predict.pipeline_times`): False (none), True (every stage but the last) or
+            "always" (every stage).
         allowed: optional list of layer names or positions after which a stage may end;
             None allows every layer but the last.
         replicas: `R`, copies of the pipeline (`predict.predict_hybrid`), an int >= 1:
@@ -61,7 +64,7 @@ def best_cuts(
         TypeError, ValueError: for invalid arguments, or too few allowed positions.
     """
     batch_size = check_arguments(profile, hardware, batch_size)
-    checks.check_bool("recompute", recompute)
+    recompute = check_recompute_flag(recompute)
     replicas = checks.check_int(
         "replicas", replicas, 1, hardware.num_gpus, meaning="copies of the pipeline, at most "
         "hardware.num_gpus"
@@ -81,8 +84,9 @@ def best_cuts(
         profile,
         batch_size,
         num_stages,
-        # Paper SpecTrain recomputes on every stage but the last; sync never does.
-        mode="spectrain" if recompute else "sync",
+        # Paper SpecTrain recomputes on every stage but the last; sync only when "always".
+        mode="spectrain" if recompute is True else "sync",
+        recompute="always" if recompute == "always" else "auto",
         bandwidth=hardware.bandwidth,
         latency=hardware.latency,
         relative_speed=hardware.relative_speed,
@@ -111,6 +115,8 @@ def plan_partition(
     allowed=None,
     devices=None,
     profile_seconds=0.0,
+    schedule="gpipe",
+    recompute="auto",
 ):
     """Plans the cuts of a pipeline and predicts each stage's time and memory.
 
@@ -118,8 +124,10 @@ def plan_partition(
         profile: a `ModelProfile`, or a list of one per stage's device (see `StageTerms`).
         num_stages: `N`, an int in `1 .. len(profile)`.
         batch_size: examples per mini-batch, an int >= 1.
-        mode, spectrain_target, micro_batches: the pipeline's, as `PipelineModel` takes
-            them (they decide recomputation and what stays in memory).
+        mode, spectrain_target, micro_batches, schedule, recompute: the pipeline's, as
+            `PipelineModel` takes them (they decide recomputation and what stays in
+            memory; see `StageTerms`): `micro_batches` in any mode, `schedule` "gpipe" or
+            (sync only) "1f1b", `recompute` "auto" or "always".
         bandwidth, latency: the link between neighbouring devices (bytes/s, seconds).
         memory_limit: None, bytes per device (a number), or a list of `N` numbers (None
             entries: no limit); plans with a stage over its limit are left out.
@@ -139,7 +147,7 @@ def plan_partition(
     """
     terms = StageTerms(
         profile, batch_size, num_stages, mode, spectrain_target, micro_batches,
-        bandwidth, latency, optimizer_slots,
+        bandwidth, latency, optimizer_slots, schedule=schedule, recompute=recompute,
     )
     first_profile = terms.profiles[0]
     if num_stages > len(first_profile):
@@ -160,6 +168,9 @@ def plan_partition(
         batch_size=terms.batch_size,
         mode=mode,
         spectrain_target=spectrain_target,
+        micro_batches=terms.micro_batches,
+        schedule=schedule,
+        recompute=recompute,
         devices=devices,
         memory_limits=limits,
         profile_seconds=profile_seconds,
@@ -321,9 +332,20 @@ def _memory_message(terms, ends, limits):
         f"No cuts of model '{terms.profiles[0].name}' into {terms.num_stages} stages fit "
         f"`memory_limit` in mode '{terms.mode}' at batch size {terms.batch_size}. The plan "
         f"that needs least memory, cuts={[names[p] for p in cuts]}, needs "
-        f"{'; '.join(needs)}. Use more stages, a smaller batch, another mode (sync keeps "
-        "one mini-batch in flight) or raise `memory_limit`."
+        f"{'; '.join(needs)}. Use {', '.join(_memory_hints(terms))} or raise `memory_limit`."
     )
+
+
+def _memory_hints(terms):
+    """What else would keep less in memory than the options planned for."""
+    hints = ["more stages", "a smaller batch"]
+    if terms.mode != "sync":
+        hints.append("mode 'sync' (it keeps one mini-batch in flight)")
+    elif terms.schedule == "gpipe":
+        hints.append("schedule='1f1b' with micro_batches (stage k keeps at most N - k of them)")
+    if terms.recompute == "auto":
+        hints.append("recompute='always' (stages keep only their inputs)")
+    return hints
 
 
 def _size(num_bytes):

@@ -1,6 +1,6 @@
 """Predicted time of one training iteration and images/s (pure Python).
 
-Four ways to train on `hardware.num_gpus` devices (on one host or several), from a
+Five ways to train on `hardware.num_gpus` devices (on one host or several), from a
 `ModelProfile`:
 
 - `predict_single`: one device runs the whole model on the whole batch.
@@ -10,6 +10,11 @@ Four ways to train on `hardware.num_gpus` devices (on one host or several), from
   schedule of SPECTRAIN.md section 3, activations and gradients handed between neighbours.
 - `predict_hybrid`: R copies of an N-stage pipeline, each on `batch / R` examples; before
   each update every stage's gradients are all-reduced over its R copies.
+- `predict_sync`: the synchronous pipeline (`mode="sync"`), which fills and drains once
+  per mini-batch of M micro-batches, GPipe or 1F1B-flush (the same time here).
+
+With `micro_batches = M` every hand-off pays the latency once per micro-batch; with
+`recompute` stages add their forward to their backward.
 
 Profiled times scale linearly with the batch size and divide by `relative_speed`. Weight
 updates, the cost of predicting weights (`W + s * m`), data loading and framework overhead
@@ -22,6 +27,7 @@ from tf_spectrain import checks
 from tf_spectrain.costmodel import simulate
 from tf_spectrain.costmodel.hardware import Hardware, link_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
+from tf_spectrain.costmodel.stage_terms import SCHEDULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Estimate:
     """A predicted training speed.
 
     Attributes:
-        kind: `"single"`, `"data_parallel"`, `"pipeline"` or `"hybrid"`.
+        kind: `"single"`, `"data_parallel"`, `"pipeline"`, `"hybrid"` or `"sync"`.
         batch_size: examples per mini-batch (the global batch).
         seconds_per_batch: predicted wall time per mini-batch; for a pipeline with
             `num_batches`, the epoch's time (fill and drain included) divided by it.
@@ -73,6 +79,31 @@ def check_arguments(profile, hardware, batch_size):
     checks.check_instance("profile", profile, ModelProfile, " (see profile_model)")
     checks.check_instance("hardware", hardware, Hardware, " (e.g. costmodel.PCIE3_X16)")
     return checks.check_int("batch_size", batch_size, 1, meaning="examples per mini-batch")
+
+
+def check_recompute_flag(recompute):
+    """Checks which stages recompute their forward in a prediction.
+
+    Args:
+        recompute: False (none), True (every stage but the last: what `vanilla` and paper
+            `spectrain` do with `PipelineModel(recompute="auto")`) or "always" (every
+            stage, the last included: `recompute="always"`).
+
+    Returns:
+        `recompute` (a Python bool, or "always").
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if isinstance(recompute, str) and recompute == "always":
+        return recompute
+    try:
+        return checks.check_bool("recompute", recompute)
+    except TypeError:
+        raise TypeError(
+            "`recompute` must be True, False or 'always'. "
+            + checks.received("recompute", recompute)
+        ) from None
 
 
 def time_scale(profile, hardware, examples):
@@ -148,18 +179,23 @@ def predict_data_parallel(profile, hardware, batch_size, overlap=False):
     return Estimate("data_parallel", batch_size, seconds, forward + backward, allreduce)
 
 
-def pipeline_times(profile, hardware, batch_size, cuts, recompute=False, devices=None):
+def pipeline_times(
+    profile, hardware, batch_size, cuts, recompute=False, devices=None, micro_batches=1
+):
     """Per-stage pass and hand-off durations of a pipeline, in seconds per mini-batch.
 
     Args:
         profile, hardware, batch_size: as `predict_pipeline`.
         cuts: layer names or positions ending each stage but the last.
-        recompute: add each stage's forward to its backward, except on the last stage
-            (activation recomputation: what `spectrain` with the paper's target does on
-            stages whose backward uses other weights than their forward).
+        recompute: True adds each stage's forward to its backward, except on the last
+            stage (activation recomputation: what `vanilla` and `spectrain` with the
+            paper's target do on stages whose backward uses other weights than their
+            forward); "always" on every stage; False on none.
         devices: the stages' device indices, stage 0 first; None means `0 .. N - 1`
             (host 0's devices first). A hand-off between devices of different hosts
             takes the inter-host link.
+        micro_batches: `M`, an int >= 1: a mini-batch's hand-off is M transfers, each
+            paying the link's latency.
 
     Returns:
         A tuple `(forward, backward, send)` of lists: N forward and N backward durations
@@ -170,7 +206,8 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False, devices
         TypeError, ValueError: for invalid arguments or more stages than devices.
     """
     batch_size = check_arguments(profile, hardware, batch_size)
-    checks.check_bool("recompute", recompute)
+    recompute = check_recompute_flag(recompute)
+    micro_batches = _check_micro_batches(micro_batches)
     stages = profile.stage_costs(cuts)
     _check_devices_for(stages, 1, hardware, cuts)
     if devices is None:
@@ -182,10 +219,19 @@ def pipeline_times(profile, hardware, batch_size, cuts, recompute=False, devices
         )
     forward, backward = _passes(stages, time_scale(profile, hardware, batch_size), recompute)
     send = [
-        hardware.transfer_time(s.output_bytes * batch_size, devices[k], devices[k + 1])
+        link_seconds(
+            [hardware.link(devices[k], devices[k + 1])], s.output_bytes * batch_size,
+            micro_batches,
+        )
         for k, s in enumerate(stages[:-1])
     ]
     return forward, backward, send
+
+
+def _check_micro_batches(micro_batches):
+    return checks.check_int(
+        "micro_batches", micro_batches, 1, meaning="micro-batches per mini-batch"
+    )
 
 
 def _passes(stages, scale, recompute):
@@ -193,7 +239,8 @@ def _passes(stages, scale, recompute):
     last = len(stages) - 1
     forward = [s.forward_time * scale for s in stages]
     backward = [
-        s.backward_time * scale + (forward[k] if recompute and k < last else 0.0)
+        s.backward_time * scale
+        + (forward[k] if recompute == "always" or (recompute and k < last) else 0.0)
         for k, s in enumerate(stages)
     ]
     return forward, backward
@@ -213,7 +260,8 @@ def _check_devices_for(stages, replicas, hardware, cuts):
 
 
 def predict_pipeline(
-    profile, hardware, batch_size, cuts, num_batches=None, overlap=False, recompute=False
+    profile, hardware, batch_size, cuts, num_batches=None, overlap=False, recompute=False,
+    micro_batches=1,
 ):
     """Predicts the asynchronous pipeline (1F1B), one stage per device.
 
@@ -236,8 +284,10 @@ def predict_pipeline(
         num_batches: None for the steady state, or `T` (an int >= 1) to include the fill
             and drain of an epoch of `T` mini-batches.
         overlap: whether hand-offs run beside compute (see `simulate`).
-        recompute: whether backwards recompute their stage's forward (see
-            `pipeline_times`).
+        recompute: which backwards recompute their stage's forward: False, True (all
+            but the last stage's) or "always" (see `pipeline_times`).
+        micro_batches: `M`, an int >= 1: each mini-batch's passes run as M micro-batches
+            back to back (the same compute) and each hand-off pays the latency M times.
 
     Returns:
         An `Estimate` of kind `"pipeline"`.
@@ -245,7 +295,9 @@ def predict_pipeline(
     Raises:
         TypeError, ValueError: for invalid arguments or more stages than devices.
     """
-    forward, backward, send = pipeline_times(profile, hardware, batch_size, cuts, recompute)
+    forward, backward, send = pipeline_times(
+        profile, hardware, batch_size, cuts, recompute, micro_batches=micro_batches
+    )
     floor = sum(forward + backward) / hardware.concurrency
     return _schedule_estimate(
         "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
@@ -255,7 +307,7 @@ def predict_pipeline(
 
 def predict_hybrid(
     profile, hardware, batch_size, cuts, replicas, num_batches=None, overlap=False,
-    recompute=False,
+    recompute=False, micro_batches=1,
 ):
     """Predicts R data-parallel copies of the asynchronous N-stage pipeline.
 
@@ -287,8 +339,8 @@ def predict_hybrid(
         cuts: layer names or positions, each ending a stage (`best_cuts(...,
             replicas=R)` chooses good ones).
         replicas: `R`, an int >= 1.
-        num_batches, overlap, recompute: as `predict_pipeline` (`overlap` concerns the
-            hand-offs; the all-reduce never overlaps compute).
+        num_batches, overlap, recompute, micro_batches: as `predict_pipeline`
+            (`overlap` concerns the hand-offs; the all-reduce never overlaps compute).
 
     Returns:
         An `Estimate` of kind `"hybrid"`; `communication_seconds` is the bounding stage's
@@ -300,7 +352,8 @@ def predict_hybrid(
     """
     batch_size = check_arguments(profile, hardware, batch_size)
     replicas = checks.check_int("replicas", replicas, 1, meaning="copies of the pipeline")
-    checks.check_bool("recompute", recompute)
+    recompute = check_recompute_flag(recompute)
+    micro_batches = _check_micro_batches(micro_batches)
     stages = profile.stage_costs(cuts)
     _check_devices_for(stages, replicas, hardware, cuts)
     n = len(stages)
@@ -309,13 +362,83 @@ def predict_hybrid(
     send = []
     for k, s in enumerate(stages[:-1]):
         links = hardware.links([(r * n + k, r * n + k + 1) for r in range(replicas)])
-        send.append(link_seconds(links, s.output_bytes * examples))
+        send.append(link_seconds(links, s.output_bytes * examples, micro_batches))
     allreduce = hardware.allreduce_times(
         [(s.weight_bytes, [r * n + k for r in range(replicas)]) for k, s in enumerate(stages)]
     )
     floor = replicas * sum(forward + backward) / hardware.concurrency + min(allreduce)
     return _schedule_estimate(
         "hybrid", batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
+    )
+
+
+def predict_sync(
+    profile, hardware, batch_size, cuts, micro_batches=1, schedule="gpipe", recompute=False,
+    num_batches=None,
+):
+    """Predicts the synchronous pipeline (`mode="sync"`), one stage per device.
+
+    Each mini-batch runs as `M` micro-batches of `batch / M` examples that fill the
+    pipeline and drain it before the one update, so mini-batches never overlap. A
+    micro-batch's forward on stage k takes `p_k = (F_k + S_k) / M` (its share of the
+    stage's forward and of sending the activations on, the sender busy while it sends)
+    and its backward `q_k = (B_k + G_k) / M` (with the recomputed forward, if any, and
+    sending the input gradients back). Every forward precedes every backward on the last
+    stage, so a mini-batch takes the two phases' fill, steady flow and drain:
+
+        sum_k p_k + (M - 1) * max_k p_k  +  sum_k q_k + (M - 1) * max_k q_k
+
+    With N equal stages that is `(M + N - 1) / M` times one stage's work: the bubble
+    `(N - 1) / (M + N - 1)`. `schedule="1f1b"` (1F1B-flush) interleaves each stage's
+    passes differently but is timed the same (the same `2 (M + N - 1)` lock-step slots);
+    it differs in memory (`stage_terms.StageTerms`). When fewer devices can compute at
+    once than there are stages, no mini-batch takes less than the total compute divided
+    by `hardware.concurrency`.
+
+    Args:
+        profile: a `ModelProfile`.
+        hardware: a `Hardware` with at least `len(cuts) + 1` devices.
+        batch_size: examples per mini-batch, an int >= 1.
+        cuts: layer names or positions, each ending a stage.
+        micro_batches: `M`, an int >= 1; each hand-off pays the latency M times.
+        schedule: one of `stage_terms.SCHEDULES`, "gpipe" or "1f1b".
+        recompute: which stages recompute their forward in their backward: False (sync's
+            `recompute="auto"`), "always" (every stage) or True (every stage but the
+            last); see `pipeline_times`.
+        num_batches: None, or `T` (an int >= 1) for an epoch of T mini-batches, T times
+            one mini-batch.
+
+    Returns:
+        An `Estimate` of kind `"sync"`.
+
+    Raises:
+        TypeError, ValueError: for invalid arguments or more stages than devices.
+    """
+    checks.check_one_of("schedule", schedule, SCHEDULES)
+    forward, backward, send = pipeline_times(
+        profile, hardware, batch_size, cuts, recompute, micro_batches=micro_batches
+    )
+    m, n = _check_micro_batches(micro_batches), len(forward)
+    ahead = [forward[k] + (send[k] if k < n - 1 else 0.0) for k in range(n)]
+    back = [backward[k] + (send[k - 1] if k > 0 else 0.0) for k in range(n)]
+    seconds = sum(
+        (sum(phase) + (m - 1) * max(phase)) / m for phase in (ahead, back)
+    )
+    seconds = max(seconds, sum(forward + backward) / hardware.concurrency)
+    busiest = max(range(n), key=lambda k: ahead[k] + back[k])
+    epoch = None
+    if num_batches is not None:
+        num_batches = checks.check_int(
+            "num_batches", num_batches, 1, meaning="mini-batches per epoch"
+        )
+        epoch = num_batches * seconds
+    return Estimate(
+        "sync",
+        batch_size,
+        seconds,
+        forward[busiest] + backward[busiest],
+        ahead[busiest] + back[busiest] - forward[busiest] - backward[busiest],
+        epoch,
     )
 
 

@@ -3,17 +3,20 @@
 The planner (`planning.plan_partition`) compares many candidate stages: the layers
 `first..last` of the profile, run as stage `k` of `N`. `StageTerms` prices one such stage,
 and is the only place that knows what a stage pays for; a new schedule or precision
-extends it here.
+extends it here. Each mini-batch of `b` examples runs as `M = micro_batches` micro-batches
+of `b / M` (in every mode), one update per mini-batch.
 
 Time, seconds per mini-batch at the planned batch size (the profile's times scaled
-linearly and divided by `relative_speed`):
+linearly and divided by `relative_speed`; the same for both `sync` schedules):
 - `forward` and `backward`: the layers' profiled times.
-- `recompute`: the forward again, on stages whose backward runs at other weights than
-  their forward, so it recomputes the forward (`vanilla` and paper `spectrain`; never
-  the last stage, whose forward and backward run back to back on the same weights).
+- `recompute`: the forward again, on stages that recompute it in their backward. With
+  `recompute="auto"`, those whose backward runs at other weights than their forward
+  (`vanilla` and paper `spectrain`; never the last stage, whose forward and backward run
+  back to back on the same weights); with `"always"`, every stage in every mode.
 - `send`: the hand-offs: activations to the next stage and gradients to the previous one,
-  `latency + bytes / bandwidth` each (the bytes of every tensor crossing the cut), over
-  the link of that hop (`hop_links`: the one between hosts where the hop crosses them).
+  `M * latency + bytes / bandwidth` each (the bytes of every tensor crossing the cut, the
+  latency once per micro-batch), over the link of that hop (`hop_links`: the one between
+  hosts where the hop crosses them).
 - `allreduce`: with `replicas` R > 1 copies of the pipeline, the ring all-reduce of the
   stage's gradients over its R copies before each update (`hardware.ring_seconds` over
   the stage's `ring_links`); each copy then runs `batch / R` examples.
@@ -21,16 +24,23 @@ linearly and divided by `relative_speed`):
 Memory, bytes on the stage's device:
 - `param_bytes`: trainable weights. `optimizer_bytes`: `optimizer_slots` copies of them
   (1 for momentum SGD, 2 for Adam).
-- `activation_bytes`: what the mini-batches in flight keep. Stage `k` of an asynchronous
-  pipeline holds up to `N - k` mini-batches between their forward and their backward
-  (`schedule.max_stashed`), `sync` one (with GPipe micro-batches, one mini-batch's worth).
-  A stage that reuses its forward keeps every layer's outputs and its inputs for each;
-  one that recomputes keeps only its inputs, plus one forward's outputs while it recomputes.
+- `activation_bytes`: what the micro-batches in flight keep (`in_flight`). Stage `k` of an
+  asynchronous pipeline holds up to `N - k` mini-batches between their forward and their
+  backward (`schedule.max_stashed`), all `M` micro-batches of each; `sync` with
+  `schedule="gpipe"` the `M` micro-batches of one mini-batch; `sync` with `"1f1b"` at most
+  `min(N - k, M)` micro-batches. A stage that reuses its forward keeps every layer's
+  outputs and its inputs for each; one that recomputes keeps only its inputs, plus one
+  micro-batch's outputs while it recomputes.
 - `stash_bytes`: weight versions the in-flight mini-batches hold besides the current
-  weights: `N - k - 1` in `stash`, `N - k` predicted ones in consistent `spectrain`, one
-  predicted version at a time in paper `spectrain`, none in `sync` and `vanilla`, nor on
-  a stage that predicts `s = 0` steps ahead (the last stage in consistent `spectrain`,
-  and in paper `spectrain` with `N <= 2`): it runs at its current weights.
+  weights (one per mini-batch, whatever `M` and `recompute`): `N - k - 1` in `stash`,
+  `N - k` predicted ones in consistent `spectrain`, one predicted version at a time in
+  paper `spectrain`, none in `sync` and `vanilla`, nor on a stage that predicts `s = 0`
+  steps ahead (the last stage in consistent `spectrain`, and in paper `spectrain` with
+  `N <= 2`): it runs at its current weights.
+
+Sizes are the profile's, and `profile_model` reads them from the tensors themselves: under
+a Keras mixed-precision policy (`mixed_float16`, `mixed_bfloat16`) activations and
+hand-offs count 2 bytes per element, weights (so optimizer slots and stashes) 4.
 
 It is a model: framework workspace, BatchNorm statistics and allocator slack are left out.
 """
@@ -38,9 +48,48 @@ It is a model: framework workspace, BatchNorm statistics and allocator slack are
 import dataclasses
 import math
 
-from tf_spectrain import checks, modes, schedule
+from tf_spectrain import checks, modes
+from tf_spectrain import schedule as schedule_lib
 from tf_spectrain.costmodel.hardware import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
+
+SCHEDULES = ("gpipe", "1f1b")
+"""The orders of a `sync` mini-batch's micro-batches: all forwards first, or 1F1B-flush."""
+RECOMPUTE = ("auto", "always")
+"""Where stages recompute their forward: where the backward's weights differ, or everywhere."""
+
+
+def check_pipeline_options(
+    mode, spectrain_target="paper", micro_batches=1, schedule="gpipe", recompute="auto"
+):
+    """Checks the pipeline options the cost model prices (as `PipelineModel` takes them).
+
+    Args:
+        mode: one of `modes.PIPELINE_MODES`.
+        spectrain_target: "paper" or "consistent".
+        micro_batches: `M`, micro-batches per mini-batch, an int >= 1 (any mode).
+        schedule: one of `SCHEDULES`; "1f1b" only with `mode="sync"`.
+        recompute: one of `RECOMPUTE`.
+
+    Returns:
+        `micro_batches` as an int.
+
+    Raises:
+        TypeError, ValueError: for an invalid option.
+    """
+    modes.check_mode(mode, spectrain_target)
+    micro_batches = checks.check_int(
+        "micro_batches", micro_batches, 1, meaning="micro-batches per mini-batch"
+    )
+    checks.check_one_of("schedule", schedule, SCHEDULES)
+    if schedule != "gpipe" and mode != "sync":
+        raise ValueError(
+            f"`schedule` must be 'gpipe' unless mode='sync': the asynchronous modes run "
+            f"their own one-forward-one-backward order. Received: schedule={schedule!r} "
+            f"with mode={mode!r}"
+        )
+    checks.check_one_of("recompute", recompute, RECOMPUTE)
+    return micro_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +141,8 @@ class StageTerms:
         num_stages: `N`, an int >= 1.
         mode: one of `modes.PIPELINE_MODES`.
         spectrain_target: "paper" or "consistent".
-        micro_batches: GPipe micro-batches per mini-batch (sync only), an int >= 1; each
-            hand-off then pays the latency once per micro-batch.
+        micro_batches: `M`, micro-batches per mini-batch (any mode), an int >= 1; each
+            hand-off pays the latency once per micro-batch.
         bandwidth: bytes/s of the link between neighbouring devices, > 0 (`math.inf`:
             free hand-offs).
         latency: seconds per transfer, >= 0.
@@ -107,6 +156,9 @@ class StageTerms:
             at the same time: the slowest prices the hop (`Hardware.links`).
         ring_links: None (no all-reduce) or, per stage, the `(bandwidth, latency)` of the
             hops of the ring over its R copies (`Hardware.ring_links`).
+        schedule: one of `SCHEDULES`: "gpipe" (every mode) or "1f1b" (`sync` only).
+        recompute: one of `RECOMPUTE`: "auto" (where the backward's weights differ) or
+            "always" (every stage).
 
     Raises:
         TypeError, ValueError: for invalid arguments.
@@ -127,15 +179,19 @@ class StageTerms:
         replicas=1,
         hop_links=None,
         ring_links=None,
+        schedule="gpipe",
+        recompute="auto",
     ):
         self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
         self.profiles = _check_profiles(profiles, self.num_stages)
         self.batch_size = checks.check_int(
             "batch_size", batch_size, 1, meaning="examples per mini-batch"
         )
-        modes.check_mode(mode, spectrain_target)
+        self.micro_batches = check_pipeline_options(
+            mode, spectrain_target, micro_batches, schedule, recompute
+        )
         self.mode, self.spectrain_target = mode, spectrain_target
-        self.micro_batches = checks.check_int("micro_batches", micro_batches, 1)
+        self.schedule, self.recompute = schedule, recompute
         self.bandwidth = checks.check_number(
             "bandwidth", bandwidth, 0.0, strict=True, allow_inf=True, meaning="bytes per second"
         )
@@ -173,13 +229,22 @@ class StageTerms:
 
     def recomputes(self, k):
         """Whether stage `k` recomputes its forward in its backward."""
+        if self.recompute == "always":
+            return True
         return not self._plans[k].reuses_forward and k != self.num_stages - 1
 
     def in_flight(self, k):
-        """Mini-batches stage `k` holds between their forward and their backward."""
+        """Micro-batches (of `batch_size / M` examples) stage `k` holds from F to B, at most."""
+        m = self.micro_batches
+        if self.mode != "sync":
+            return self.batches_in_flight(k) * m
+        return m if self.schedule == "gpipe" else min(self.num_stages - k, m)
+
+    def batches_in_flight(self, k):
+        """Mini-batches stage `k` has between their forward and their backward, at most."""
         if self.mode == "sync":
             return 1
-        return schedule.max_stashed(k, self.num_stages, self.num_stages)
+        return schedule_lib.max_stashed(k, self.num_stages, self.num_stages)
 
     def transfer(self, num_bytes, hop=None):
         """Seconds to hand `num_bytes` (one mini-batch's tensors) to a neighbour.
@@ -263,10 +328,11 @@ class StageTerms:
         acts = sums.acts[last + 1] - sums.acts[first]
         inputs = self._crossing[first - 1] if first > 0 else sums.input_bytes
         n = self.in_flight(k)
-        return n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
+        kept = n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
+        return kept / self.micro_batches  # a micro-batch's bytes: 1 / M of a mini-batch's
 
     def _stashed_versions(self, k):
-        n = self.in_flight(k)
+        n = self.batches_in_flight(k)
         if self.mode == "stash":
             return n - 1
         plan = self._plans[k]
