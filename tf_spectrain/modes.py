@@ -60,9 +60,9 @@ def check_schedule(order, mode):
     checks.check_one_of("schedule", order, SCHEDULES)
     if order != "gpipe" and mode != "sync":
         raise ValueError(
-            f"`schedule`={order!r} orders the micro-batches of sync mode; mode={mode!r} "
-            "runs the asynchronous schedule, whose order its staleness fixes. Use "
-            f"mode='sync' with schedule={order!r}, or schedule='gpipe' (the default)."
+            "`schedule` must be 'gpipe' unless mode='sync': it orders the micro-batches of "
+            "sync mode, and the asynchronous modes run their own one-forward-one-backward "
+            f"order. Received: schedule={order!r} with mode={mode!r}"
         )
 
 

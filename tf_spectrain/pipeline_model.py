@@ -55,8 +55,9 @@ class PipelineModel:
             `"auto"` every layer's forward and backward is timed on the stage devices at
             `profile_batch_size` (on random inputs; BatchNorm statistics are restored),
             the cuts that make the slowest stage fastest are chosen (its hand-offs and,
-            in `vanilla` and paper `spectrain`, the recomputed forward included), checked
-            by timing the planned stages and re-planned with those timings (see
+            in `vanilla` and paper `spectrain` or with `recompute="always"`, the recomputed
+            forward included), checked by timing the planned stages and re-planned with
+            those timings (see
             `tf_spectrain.costmodel.auto_partition`). `partition_plan` then shows the
             plan; `fit` never re-cuts.
         devices: one device name per stage (names may repeat), or None for the first
@@ -100,9 +101,10 @@ class PipelineModel:
             `--batch-size` / `--replicas`).
         memory_limit: with `cuts="auto"`, None or the bytes each device may hold (a
             number, or a list of one per stage): plans whose stage needs more (weights,
-            optimizer slots, the activations and weight versions of its mini-batches in
-            flight) are left out; a `costmodel.MemoryLimitError` says what the plan needing
-            least memory needs when none fits.
+            optimizer slots, the activations and weight versions of its micro-batches in
+            flight, as `schedule`, `micro_batches` and `recompute` keep them, in the
+            layers' compute dtype) are left out; a `costmodel.MemoryLimitError` says what
+            the plan needing least memory needs when none fits.
         link_bandwidth: with `cuts="auto"`, bytes/s between neighbouring devices; None
             measures it between GPUs and takes CPU devices' hand-offs as free.
 
@@ -182,6 +184,8 @@ class PipelineModel:
                     mode=mode,
                     spectrain_target=spectrain_target,
                     micro_batches=self.micro_batches,
+                    schedule=schedule,
+                    recompute=recompute,
                     memory_limit=memory_limit,
                     link_bandwidth=link_bandwidth,
                 )

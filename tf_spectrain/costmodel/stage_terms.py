@@ -53,10 +53,8 @@ from tf_spectrain import schedule as schedule_lib
 from tf_spectrain.costmodel.hardware import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
 
-SCHEDULES = ("gpipe", "1f1b")
-"""The orders of a `sync` mini-batch's micro-batches: all forwards first, or 1F1B-flush."""
-RECOMPUTE = ("auto", "always")
-"""Where stages recompute their forward: where the backward's weights differ, or everywhere."""
+SCHEDULES = modes.SCHEDULES  # sync mode's orders: "gpipe", "1f1b"
+RECOMPUTE = modes.RECOMPUTE  # "auto", "always"
 
 
 def check_pipeline_options(
@@ -81,13 +79,7 @@ def check_pipeline_options(
     micro_batches = checks.check_int(
         "micro_batches", micro_batches, 1, meaning="micro-batches per mini-batch"
     )
-    checks.check_one_of("schedule", schedule, SCHEDULES)
-    if schedule != "gpipe" and mode != "sync":
-        raise ValueError(
-            f"`schedule` must be 'gpipe' unless mode='sync': the asynchronous modes run "
-            f"their own one-forward-one-backward order. Received: schedule={schedule!r} "
-            f"with mode={mode!r}"
-        )
+    modes.check_schedule(schedule, mode)
     checks.check_one_of("recompute", recompute, RECOMPUTE)
     return micro_batches
 
