@@ -200,20 +200,29 @@ def test_sync_bfloat16_equals_keras_fit():
     np.testing.assert_allclose(pipe_losses, keras_losses, rtol=1e-2)
 
 
+OVERFLOWING = dict(initial_scale=2.0**40, dynamic_growth_steps=3)  # ~25 steps overflow
+
+
 @pytest.mark.parametrize(
-    "options",
-    [None,  # mixed_float16 alone: the scale Keras' compile adds (2**15, growth 2000)
-     dict(initial_scale=2.0**40, dynamic_growth_steps=3)],  # the first ~25 steps overflow
-    ids=["auto", "overflowing-start"],
+    "options, clipnorm",
+    [(None, None),  # mixed_float16 alone: the scale Keras' compile adds (2**15, growth 2000)
+     (OVERFLOWING, None),
+     (OVERFLOWING, 0.05)],  # global_clipnorm: Keras clips the unscaled gradient
+    ids=["auto", "overflowing-start", "overflowing-start-global-clipnorm"],
 )
-def test_sync_float16_equals_keras_loss_scale_optimizer(options):
+def test_sync_float16_equals_keras_loss_scale_optimizer(options, clipnorm):
     epochs = 2 if options is None else 6
+
+    def optimizer():
+        inner = SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM, global_clipnorm=clipnorm)
+        return inner if options is None else keras.optimizers.LossScaleOptimizer(inner, **options)
+
     reference = mlp("mixed_float16")
-    keras_fit(reference, sgd() if options is None else scaled(**options), epochs=epochs)
+    keras_fit(reference, optimizer(), epochs=epochs)
     keras_scale = float(reference.optimizer.dynamic_scale.numpy())
     keras_skipped = epochs * NUM_BATCHES - int(reference.optimizer.iterations.numpy())
     model = mlp("mixed_float16")
-    pipe, _ = pipeline_fit(model, sgd() if options is None else scaled(**options), epochs=epochs)
+    pipe, _ = pipeline_fit(model, optimizer(), epochs=epochs)
     # One scale for the whole pipeline: every stage skipped the same steps as Keras and
     # holds Keras' scale and growth counter.
     assert [r.skipped for r in pipe.runners] == [keras_skipped] * 3
@@ -227,9 +236,10 @@ def test_sync_float16_equals_keras_loss_scale_optimizer(options):
     assert max_diff(model.get_weights(), reference.get_weights()) < 2e-3
 
 
-def test_sync_replicas_share_the_one_scale():
-    """2 replicas x 2 stages: all four copies take Keras' decisions on the summed gradient."""
-    options = dict(initial_scale=2.0**40, dynamic_growth_steps=3)
+def test_sync_replicas_share_the_one_scale(tmp_path):
+    """2 replicas x 2 stages: all four copies take Keras' decisions on the summed gradient,
+    and a checkpoint (of replica 0) gives every copy its scale back."""
+    options = OVERFLOWING
     reference = mlp("mixed_float16")
     keras_fit(reference, scaled(**options), epochs=4)
     skipped = 4 * NUM_BATCHES - int(reference.optimizer.iterations.numpy())
@@ -241,6 +251,11 @@ def test_sync_replicas_share_the_one_scale():
     keras_scale = float(reference.optimizer.dynamic_scale.numpy())
     assert [float(r.loss_scale.scale.numpy()) for r in pipe.all_runners] == [keras_scale] * 4
     assert max_diff(model.get_weights(), reference.get_weights()) < 2e-3
+    path = checkpoint.save(pipe, str(tmp_path), epoch=4)
+    fresh = PipelineModel(mlp("mixed_float16"), cuts=["dense1"], mode="sync", replicas=2)
+    fresh.compile(optimizer=scaled(**options), loss=loss())
+    checkpoint.restore_checkpoint(fresh, path)
+    assert [float(r.loss_scale.scale.numpy()) for r in fresh.all_runners] == [keras_scale] * 4
 
 
 # --- the asynchronous modes ------------------------------------------------------------
@@ -295,6 +310,30 @@ def test_async_modes_train_in_the_compute_dtype(policy, mode, target):
         assert all(r.loss_scale is None for r in pipe.runners)
 
 
+def test_a_received_gradient_is_brought_to_the_stage_scale():
+    """Stage 1 gets `g` at its own scale, or `g / 4` at a quarter of it: the same backward."""
+    pipe = PipelineModel(mlp("mixed_float16"), cuts=CUTS, mode="stash")
+    pipe.compile(optimizer=sgd(), loss=loss())
+    runner = pipe.runners[1]
+    own = tf.constant(loss_scale.INITIAL_SCALE)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(size=(BATCH, 8)), tf.float16)  # dense0's output
+    g = tf.constant(rng.normal(size=(BATCH, 8)), tf.float16)  # for dense2's output
+    results = []
+    for sent in (loss_scale.ScaledGradient([g], own), loss_scale.ScaledGradient([g / 4], own / 4)):
+        runner.forward((0, 0), x, keep_activations=True)
+        back = runner.backward((0, 0), sent)
+        results.append(([p.numpy() for p in runner.pending_gradient], back))
+        runner.reset()
+    (first, back_first), (second, back_second) = results
+    assert float(back_first.scale) == float(back_second.scale) == loss_scale.INITIAL_SCALE
+    assert back_first.gradients[0].dtype == tf.float16
+    np.testing.assert_array_equal(back_first.gradients[0], back_second.gradients[0])
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    assert max(float(np.max(np.abs(a))) for a in first) > 0
+
+
 def test_async_overflow_in_one_stage_skips_it_and_the_stages_before():
     """Stage 1 overflows (its input gradient): it skips and halves its own scale; stage 0
     receives a non-finite gradient and skips without halving; stage 2 applied."""
@@ -325,7 +364,7 @@ def test_async_loss_scaling_with_replicas_is_refused():
 
 
 def test_checkpoint_saves_and_restores_every_stage_scale(tmp_path):
-    options = dict(initial_scale=2.0**40, dynamic_growth_steps=3)
+    options = OVERFLOWING
     pipe, _ = pipeline_fit(mlp("mixed_float16"), scaled(**options), mode="vanilla", epochs=1)
     saved = scales(pipe)
     counters = [int(r.loss_scale.counter.numpy()) for r in pipe.runners]

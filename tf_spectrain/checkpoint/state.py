@@ -245,8 +245,19 @@ def restore_checkpoint(trainer, path, metadata=None):
             trainer.shuffle_seed = int(saved["shuffle_seed"])
             trainer.epochs_trained = int(saved["epochs_trained"])
         trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
+        _sync_loss_scales(trainer)
         trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
+
+
+def _sync_loss_scales(trainer):
+    """Gives every replica's stage k the loss scale restored into replica 0's."""
+    first, *others = trainer.replica_runners
+    for runners in others:
+        for source, copy in zip(first, runners):
+            if source.loss_scale is not None:
+                for s, d in zip(source.loss_scale.variables, copy.loss_scale.variables):
+                    d.assign(s.value)
 
 
 def _use_saved_cuts(trainer, saved):
