@@ -321,7 +321,7 @@ def test_a_received_gradient_is_brought_to_the_stage_scale():
     g = tf.constant(rng.normal(size=(BATCH, 8)), tf.float16)  # for dense2's output
     results = []
     for sent in (loss_scale.ScaledGradient([g], own), loss_scale.ScaledGradient([g / 4], own / 4)):
-        runner.forward((0, 0), x, keep_activations=True)
+        runner.forward((0, 0), x, True)  # keep the activations
         back = runner.backward((0, 0), sent)
         results.append(([p.numpy() for p in runner.pending_gradient], back))
         runner.reset()
