@@ -114,6 +114,8 @@ def build_parser():
     add("lr", type=float, help="learning rate")
     add("momentum", type=float, help="SGD momentum")
     add("weight_decay", type=float, help="weight decay (0: none)")
+    add("precision", help="Keras dtype policy of the model: float32, mixed_bfloat16 or "
+        "mixed_float16 (float16 compute with dynamic loss scaling); variables stay float32")
     add("seed", type=int, help="random seed (weights, data order)")
     add("limit", type=int, help="use only the first LIMIT examples of each split (quick runs)")
     add(

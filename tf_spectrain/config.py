@@ -13,6 +13,7 @@ import time
 
 from tf_spectrain import checks, data, input_checks, models, modes
 from tf_spectrain.cluster import spec as cluster_spec
+from tf_spectrain.trainers import PRECISIONS
 
 ON_NAN = modes.ON_NAN
 MAX_DEVICES = 64
@@ -98,6 +99,7 @@ class RunConfig:
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    precision: str = "float32"
     seed: int = 0
     limit: int | None = None
     logdir: str | None = None
@@ -205,6 +207,12 @@ def _problems(config):
     p.check(checks.check_number, "--momentum", c.momentum, 0, 1, valid="in [0, 1)",
             meaning="0 <= momentum < 1")
     p.check(checks.check_number, "--weight-decay", c.weight_decay, 0)
+    if c.precision in ("float16", "bfloat16"):
+        p.add(f"--precision must be one of {list(PRECISIONS)}: the mixed policies compute in "
+              f"{c.precision} and keep the variables in float32. Received: --precision "
+              f"{c.precision}; did you mean 'mixed_{c.precision}'?")
+    else:
+        p.check(checks.check_one_of, "--precision", c.precision, PRECISIONS)
     p.check(checks.check_int, "--seed", c.seed, 0, MAX_SEED - 1, valid=">= 0 and < 2**32")
     _check_data_dir(p, c)
     _check_run_flags(p, c)

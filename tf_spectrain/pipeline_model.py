@@ -22,6 +22,7 @@ from tf_spectrain.model_memory import warn_if_model_on_stage_device
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
 from tf_spectrain.runtime import inference
+from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime import replicas as replicas_lib
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
 from tf_spectrain.runtime.loop import FitLoop
@@ -259,7 +260,7 @@ class PipelineModel:
         if compiled is not None:
             self.compile(*compiled)
 
-    def compile(self, optimizer, loss, metrics=None, loss_weights=None):
+    def compile(self, optimizer, loss, metrics=None, loss_weights=None, auto_scale_loss=True):
         """Configures training, as `keras.Model.compile`.
 
         Args:
@@ -278,6 +279,12 @@ class PipelineModel:
             loss_weights: several outputs only: a list or dict (by output name) of each
                 output's weight in the loss, or one number with a single loss; the loss
                 trained on is the weighted sum of the outputs' losses.
+            auto_scale_loss: as in Keras, a model whose dtype policy is `mixed_float16`
+                scales its loss dynamically (Keras' `LossScaleOptimizer` defaults); a
+                `keras.optimizers.LossScaleOptimizer` as `optimizer` always does, its inner
+                optimizer copied to every stage. In sync mode the pipeline has one scale,
+                in the other modes each stage its own (docs/SPECTRAIN.md, "Mixed
+                precision and loss scaling"); `runners[k].loss_scale` holds stage k's.
 
         Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
         losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more
@@ -288,9 +295,12 @@ class PipelineModel:
             ValueError: a missing or unknown optimizer, loss or metric, a list of losses,
                 weights or metrics that does not fit the outputs (or a dict naming
                 something that is not an output), `loss_weights` for a model with one
-                output, or `global_clipnorm` outside sync mode.
+                output, `global_clipnorm` outside sync mode, or loss scaling with
+                replicas outside sync mode.
         """
-        optimizer = compile_utils.resolve_optimizer(optimizer)
+        given = compile_utils.resolve_optimizer(optimizer)
+        optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
+        loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
         if self.mode == "spectrain" and not isinstance(optimizer, SpecTrainSGD):
             raise TypeError(
                 "mode='spectrain' predicts weights from the optimizer's momentum and needs "
@@ -310,14 +320,15 @@ class PipelineModel:
                 )
             self.loss = compile_utils.resolve_loss(loss)
             self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
-        self.optimizer = optimizer
-        self._compiled_with = (optimizer, loss, metrics, loss_weights)
+        self.optimizer = given
+        self._compiled_with = (given, loss, metrics, loss_weights, auto_scale_loss)
         self.replica_runners = [
             build_runners(stages, devices, self.plans, optimizer, self.loss)
             for stages, devices in zip(self.replica_stages, self.replica_devices)
         ]
         self.runners = self.replica_runners[0]
         replicas_lib.attach_reducers(self.replica_runners)
+        loss_scale_lib.attach(self.all_runners, scaling, shared=self.mode == "sync")
         self._evaluator = None  # made at the first evaluate, for these runners and metrics
         if optimizer.global_clipnorm:  # sync mode (check_clipping): one norm over all stages
             for runner in self.all_runners:

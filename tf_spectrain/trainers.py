@@ -8,6 +8,8 @@ mode means the same model, optimizer and placement everywhere:
 - a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
   `SpecTrainSGD` in every stage, the model built on `/CPU:0` when the devices are not
   all CPUs (the stages are placed copies).
+
+Every mode builds its model under the Keras dtype policy `precision` (`PRECISIONS`).
 """
 
 import contextlib
@@ -18,6 +20,31 @@ import tensorflow as tf
 from tf_spectrain import checks, model_memory, modes
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+"""The Keras dtype policies a trainer's model can be built under (`--precision`)."""
+
+
+@contextlib.contextmanager
+def precision_policy(precision):
+    """Makes `precision` Keras' global dtype policy inside the block, then restores the old one.
+
+    A model built inside keeps the policy (its layers compute in its compute dtype, its
+    variables stay float32); nothing else sees it afterwards.
+
+    Args:
+        precision: one of `PRECISIONS`.
+
+    Raises:
+        ValueError: `precision` is not one of `PRECISIONS`.
+    """
+    checks.check_one_of("precision", precision, PRECISIONS)
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
@@ -52,6 +79,7 @@ def build_trainer(
     loss=None,
     metrics=None,
     batch_size=32,
+    precision="float32",
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -77,16 +105,20 @@ def build_trainer(
         loss: the loss; None means sparse categorical cross-entropy on logits.
         metrics: the compiled metrics (e.g. `["accuracy"]`), or None.
         batch_size: pipelines with "auto" cuts: the batch size to profile and plan at.
+        precision: the Keras dtype policy the model is built under (`PRECISIONS`);
+            `mixed_float16` scales the loss dynamically, as `keras.Model.compile` does.
 
     Returns:
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
 
     Raises:
-        ValueError: for an unknown mode or no devices (and what `PipelineModel` raises).
+        ValueError: for an unknown mode or precision, or no devices (and what
+            `PipelineModel` raises).
         TypeError: if `build_model` is not a function (a model is not) or `devices` not a
             list or tuple.
     """
     checks.check_one_of("mode", mode, modes.ALL_MODES)
+    checks.check_one_of("precision", precision, PRECISIONS)
     if isinstance(build_model, keras.Model) or not callable(build_model):
         raise TypeError(
             "`build_model` must be a function of no arguments that returns a new "
@@ -104,13 +136,15 @@ def build_trainer(
             else tf.device(devices[0])
         )
         with scope:
-            model = build_model()
+            with precision_policy(precision):
+                model = build_model()
             model.compile(optimizer=sgd(keras.optimizers.SGD, **settings), loss=loss,
                           metrics=metrics)
         return model
     build_device = model_memory.model_build_device(devices)
     with tf.device(build_device) if build_device else contextlib.nullcontext():
-        model = build_model()
+        with precision_policy(precision):
+            model = build_model()
     if cuts is None:
         cuts = "auto"
     elif callable(cuts):

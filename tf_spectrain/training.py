@@ -66,15 +66,19 @@ def run_facts(config):
 
     Returns:
         A dict of `model_name`, `dataset`, `batch_size`, `limit` and `seed` (they fix the
-        model and the data order).
+        model and the data order), and `precision` when it is not float32 (so that the
+        checkpoints of float32 runs, written before `--precision` existed, still resume).
     """
-    return {
+    facts = {
         "model_name": config.model,
         "dataset": config.dataset,
         "batch_size": config.batch_size,
         "limit": config.limit,
         "seed": config.seed,
     }
+    if config.precision != "float32":
+        facts["precision"] = config.precision
+    return facts
 
 
 def _restore(run):
@@ -154,6 +158,7 @@ def prepare(config):
         replicas=config.replicas,
         metrics=["accuracy"],
         batch_size=config.batch_size,
+        precision=config.precision,
     )
     model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
@@ -180,6 +185,8 @@ def describe(run):
     """
     config = run.config
     what = f"{config.model} on {config.dataset} ({run.num_train} training images)"
+    if config.precision != "float32":
+        what += f" in {config.precision}"
     if isinstance(run.trainer, PipelineModel):
         pipe = run.trainer
         copies = "" if pipe.replicas == 1 else f"{pipe.replicas} replicas of a "

@@ -8,7 +8,8 @@
 
 A checkpoint holds, for every stage, all its variables (weights, BatchNorm statistics, the
 random-generator state of dropout layers) and all its optimizer's variables (momentum,
-iteration count, learning rate), the pipeline's `shuffle_seed` and `epochs_trained` (the
+iteration count, learning rate) and, with dynamic loss scaling (mixed_float16), its loss
+scale and growth counter, the pipeline's `shuffle_seed` and `epochs_trained` (the
 order of shuffled arrays in the next epochs), plus a description of the run: the model's
 layers and weight shapes, the cuts, the mode, the optimizer class and whatever `metadata`
 the caller adds. A compiled `keras.Model` is checkpointed the same way, as one part.
@@ -35,6 +36,7 @@ COMPARED = (
     "spectrain_target",
     "micro_batches",
     "optimizer",
+    "loss_scale",
 )
 
 
@@ -85,6 +87,9 @@ def _parts(trainer):
         for k, (stage, optimizer) in enumerate(pairs):
             parts.append((f"stage{k}/variables", list(stage.variables)))
             parts.append((f"stage{k}/optimizer", list(optimizer.variables)))
+            scale = trainer.runners[k].loss_scale
+            if scale is not None:  # a LossScaleOptimizer's own variables, per stage
+                parts.append((f"stage{k}/loss_scale", list(scale.variables)))
         return parts
     _check_keras_model(trainer)
     optimizer = getattr(trainer, "optimizer", None)
@@ -116,7 +121,9 @@ def describe_run(trainer):
     Returns:
         A JSON-serialisable dict: `kind` ("pipeline" or "keras"), `model` (its name),
         `architecture` (layer types and weight shapes), `optimizer` (its class name) and,
-        for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`.
+        for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`,
+        and `loss_scale` ("dynamic") when its loss is scaled (a Keras model's optimizer is
+        then a `LossScaleOptimizer`).
 
     Raises:
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
@@ -144,6 +151,8 @@ def describe_run(trainer):
             spectrain_target=trainer.spectrain_target,
             micro_batches=trainer.micro_batches,
         )
+        if trainer.runners[-1].loss_scale is not None:
+            info["loss_scale"] = "dynamic"
     return info
 
 
@@ -236,8 +245,19 @@ def restore_checkpoint(trainer, path, metadata=None):
             trainer.shuffle_seed = int(saved["shuffle_seed"])
             trainer.epochs_trained = int(saved["epochs_trained"])
         trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
+        _sync_loss_scales(trainer)
         trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
+
+
+def _sync_loss_scales(trainer):
+    """Gives every replica's stage k the loss scale restored into replica 0's."""
+    first, *others = trainer.replica_runners
+    for runners in others:
+        for source, copy in zip(first, runners):
+            if source.loss_scale is not None:
+                for s, d in zip(source.loss_scale.variables, copy.loss_scale.variables):
+                    d.assign(s.value)
 
 
 def _use_saved_cuts(trainer, saved):

@@ -13,6 +13,7 @@ from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime.feed import Feed, split_batch
 from tf_spectrain.runtime.handoff import Board, Channel, FailureBox, PipelineAborted
+from tf_spectrain.runtime.loss_scale import shares_scale
 
 __all__ = ["EpochRun", "split_batch", "to_host"]
 
@@ -69,7 +70,9 @@ class EpochRun:
         label: names the epoch in error notes, e.g. "epoch 3".
         clip_globally: every stage clips its update by the global gradient norm over all
             stages (sync mode's `global_clipnorm`): each update waits for every stage's
-            squared norm of the same mini-batch.
+            squared norm of the same mini-batch. Likewise, with sync mode's one dynamic
+            loss scale (the runners' `loss_scale.shared`), each update waits for every
+            stage's "gradient finite" flag of its mini-batch.
         replicas: None for one pipeline; else R lists of N runners (`runners` is the
             first), the copies of a replicated pipeline (`runtime.replicas`). Every replica
             runs the same op lists on its own `1/R` of each mini-batch (split by
@@ -95,7 +98,8 @@ class EpochRun:
         abort = self.failure.abort
         n, num_replicas = len(self.runners), len(self.grid)
         self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
-        self.lanes = [_Lane(abort, n, r if num_replicas > 1 else None, clip_globally)
+        self.lanes = [_Lane(abort, n, r if num_replicas > 1 else None, clip_globally,
+                            shares_scale(self.runners))
                       for r in range(num_replicas)]
         self.feed = Feed(batches, self.num_batches, micro_batches, num_replicas)
         # The R copies of stage k enter their gradients' all-reduce together, once all of
@@ -205,7 +209,10 @@ class EpochRun:
             if lane.norms is not None:
                 lane.norms.post(op.batch, (k, runner.pending_square_norm()))
                 squares = [x for _, x in sorted(lane.norms.wait(op.batch), key=_first)]
-            runner.update(learning_rate=rate, squares=squares)
+            finite = None
+            if lane.flags is not None:  # sync mode's one loss scale: all stages decide together
+                finite = _gathered(lane.flags, op.batch, k, runner.pending_finite())
+            runner.update(learning_rate=rate, squares=squares, finite=finite)
             if last:
                 lane.results.put((op.batch, lane.losses.pop(op.batch)))
         return None
@@ -359,6 +366,12 @@ class EpochRun:
         return box["value"]
 
 
+def _gathered(board, i, k, value):
+    """Posts stage k's `value` of mini-batch i on `board`; every stage's, stage 0's first."""
+    board.post(i, (k, value))
+    return [x for _, x in sorted(board.wait(i), key=_first)]
+
+
 def _join(threads, watchdog):
     """Joins the stage threads; once `watchdog` has declared a worker lost, only for a while."""
     if watchdog is None:
@@ -376,9 +389,9 @@ def _join(threads, watchdog):
 
 
 class _Lane:
-    """One replica's hand-offs: activations, gradients, labels, results, losses, norms."""
+    """One replica's hand-offs: activations, gradients, labels, results, losses, norms, flags."""
 
-    def __init__(self, abort, n, r, clip_globally):
+    def __init__(self, abort, n, r, clip_globally, shared_scale=False):
         of = "" if r is None else f" of replica {r}"
         self.activations = [Channel(abort, f"activations {k}->{k + 1}{of}") for k in range(n - 1)]
         self.gradients = [Channel(abort, f"gradients {k + 1}->{k}{of}") for k in range(n - 1)]
@@ -386,3 +399,5 @@ class _Lane:
         self.results = Channel(abort, f"results{of}")
         self.losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
         self.norms = Board(abort, n, n, f"gradient norms{of}") if clip_globally else None
+        # Sync mode's one loss scale: every stage's "gradient finite" flag of a mini-batch.
+        self.flags = Board(abort, n, n, f"gradient flags{of}") if shared_scale else None

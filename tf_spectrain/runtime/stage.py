@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
+from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
 from tf_spectrain.runtime.memory import StageMemory
 
@@ -29,13 +30,14 @@ _KEEPS = {True: ACTIVATIONS, False: INPUTS, ACTIVATIONS: ACTIVATIONS, INPUTS: IN
 def _with_penalty(grads_out, loss_scale=None):
     """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is.
 
-    With a `loss_scale` (the optimizer's `loss_scale_factor`), the loss and the penalty are
-    scaled by it, as `keras.Model.fit` scales the loss; the optimizer divides it out.
+    With a `loss_scale` (the optimizer's `loss_scale_factor`, or a dynamic scale: a float32
+    tensor), the loss and the penalty are scaled by it, as `keras.Model.fit` scales the
+    loss; the update divides it out.
     """
     if grads_out is None:  # last stage: every output is a scalar part of the loss
         return None if loss_scale is None else [loss_scale, loss_scale]
     one = 1.0 if loss_scale is None else loss_scale
-    return list(grads_out) + [tf.constant(one, tf.float32)]
+    return list(grads_out) + [tf.convert_to_tensor(one, tf.float32)]
 
 
 def _wide_dtype(grads):
@@ -54,7 +56,7 @@ def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
     dtype = _wide_dtype(grads)
     norm = tf.sqrt(tf.add_n([tf.cast(x, dtype) for x in squares]))
     if loss_scale_factor is not None:  # the gradients are scaled; Keras clips unscaled ones
-        norm = norm / loss_scale_factor
+        norm = norm / tf.cast(loss_scale_factor, dtype)
     scale = clipnorm * tf.minimum(1.0 / norm, 1.0 / clipnorm)
     scale = scale + (norm - norm)  # NaN when the norm is not finite, as in Keras
     return [g * tf.cast(scale, g.dtype) for g in grads]
@@ -131,6 +133,9 @@ class StageRunner:
         # the gradients by it; the backward scales the loss's output gradients (one place).
         factor = getattr(optimizer, "loss_scale_factor", None)
         self._loss_scale = None if factor is None else float(factor)
+        self.loss_scale = None  # a dynamic `loss_scale.DynamicLossScale` (`use_loss_scale`)
+        self._pending_scale = None  # with one: the scale the pending gradient is scaled by
+        self._pending_flags = None  # ... and (received finite, own finite) of its backwards
         with tf.device(device):
             self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.probe = None
@@ -144,6 +149,8 @@ class StageRunner:
         self._infer_fn = graph_function(self._infer)
         self._finite_fn = graph_function(all_finite)
         self._square_fn = graph_function(_square_norm)
+        self._rescale_fn = graph_function(loss_scale_lib.rescale)
+        self._apply_scaled_fn = graph_function(self._apply_scaled)
 
     # --- graph functions ----------------------------------------------------------------
 
@@ -186,9 +193,9 @@ class StageRunner:
         """The inputs whose gradient the previous stage needs (none on stage 0)."""
         return list(inputs) if self.k > 0 else []
 
-    def _recompute_vjp(self, inputs, grads_out, non_trainable, labels, scale, steps):
+    def _recompute_vjp(self, inputs, output_grads, non_trainable, labels, scale, steps):
         with tf.device(self.device):
-            return self._vjp_at(inputs, grads_out, non_trainable, labels, scale,
+            return self._vjp_at(inputs, output_grads, non_trainable, labels, scale,
                                 self._weights(steps))
 
     def _snapshot(self, steps):
@@ -196,7 +203,7 @@ class StageRunner:
         with tf.device(self.device):
             return [tf.identity(w) for w in self._weights(steps)]
 
-    def _vjp_at(self, inputs, grads_out, non_trainable, labels, scale, weights):
+    def _vjp_at(self, inputs, output_grads, non_trainable, labels, scale, weights):
         """The stage's forward recomputed at `weights`, and its vector-Jacobian product."""
         with tf.device(self.device):
             with tf.GradientTape() as tape:
@@ -207,7 +214,7 @@ class StageRunner:
             grads = tape.gradient(
                 outputs + [penalty],
                 weights + self._input_targets(inputs),
-                output_gradients=_with_penalty(grads_out, self._loss_scale),
+                output_gradients=output_grads,
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
             return grads[: len(weights)], grads[len(weights) :]
@@ -228,6 +235,30 @@ class StageRunner:
                 return tf.constant(True)
 
             done = tf.cond(finite, apply, lambda: tf.constant(False))
+            self._skipped.assign_add(tf.cast(tf.logical_not(done), tf.int64))
+            return done
+
+    def _apply_scaled(self, grads, squares, scale, flags, finite):
+        """Under a dynamic loss scale: unscales and applies, or skips; then moves the scale."""
+        # `flags` are (received finite, own finite) of the backwards; `finite` every
+        # stage's `pending_finite` in sync mode, where all stages decide together.
+        with tf.device(self.device):
+            if self.loss_scale.shared:
+                applied = tf.reduce_all(tf.stack(finite)) if finite else all_finite(grads)
+                halve = tf.constant(True)
+            else:
+                applied = tf.logical_and(flags[1], all_finite(grads))
+                halve = flags[0]  # an overflow that came from downstream halved there
+
+            def apply():
+                unscaled = [g / tf.cast(scale, g.dtype) for g in grads]
+                if squares:  # the squares are of the scaled gradients
+                    unscaled = _clip_globally(unscaled, squares, self.global_clipnorm, scale)
+                self.optimizer.apply_gradients(zip(unscaled, self.trainable))
+                return tf.constant(True)
+
+            done = tf.cond(applied, apply, lambda: tf.constant(False)) if grads else applied
+            self.loss_scale.after_update(done, halve)
             self._skipped.assign_add(tf.cast(tf.logical_not(done), tf.int64))
             return done
 
@@ -314,11 +345,13 @@ class StageRunner:
         Args:
             key: `(i, j)`, whose forward has run.
             grads_out: the gradient of the loss w.r.t. this stage's outputs (a list);
-                None on the last stage.
+                None on the last stage. With a dynamic loss scale, a
+                `loss_scale.ScaledGradient` (or None on the last stage).
 
         Returns:
             The gradient for the previous stage's outputs (a list); an empty list on stage 0,
-            which computes no input gradient.
+            which computes no input gradient. With a dynamic loss scale, a
+            `loss_scale.ScaledGradient` of it and the stage's scale.
 
         Raises:
             KeyError: if the forward of `key` has not run (or its backward already has).
@@ -326,20 +359,21 @@ class StageRunner:
         start = time.perf_counter()
         record = self._inflight.pop(key)
         self.memory.released(key)
-        grads_out = None if grads_out is None else as_list(grads_out)
         with tf.device(self.device):
+            grads_out, out_scale, received = self._received(grads_out)
+            output_grads = _with_penalty(grads_out, out_scale)
             if record.tape is not None:
                 grads = record.tape.gradient(
                     record.outputs,
                     self._tf_trainable + self._input_targets(record.inputs),
-                    output_gradients=_with_penalty(grads_out, self._loss_scale),
+                    output_gradients=output_grads,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
                 n = len(self._tf_trainable)
                 grads_w, grads_x = grads[:n], grads[n:]
             else:
                 labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
-                args = (record.inputs, grads_out, record.non_trainable, labels,
+                args = (record.inputs, output_grads, record.non_trainable, labels,
                         tf.constant(record.scale, tf.float32))
                 if record.weights is not None:
                     grads_w, grads_x = self._vjp_at_fn(*args, record.weights)
@@ -349,6 +383,8 @@ class StageRunner:
                     grads_w, grads_x = self._vjp_fn(*args, steps)
             self._accumulate(grads_w)
             finite = self._finite_fn(list(grads_w) + list(grads_x))
+            if self.loss_scale is not None:
+                self._note_scaled(out_scale, received, finite)
         if self._stashed[0] == key[0] and not any(i == key[0] for i, _ in self._inflight):
             self._stashed = (None, None)  # the last micro-batch of i: its copy goes
         end = time.perf_counter()
@@ -356,6 +392,8 @@ class StageRunner:
         self.events.append((end, "backward", key, finite))
         if self.probe is not None:
             self.probe.after_backward(key, self.plan.backward_steps)
+        if self.loss_scale is not None:
+            return loss_scale_lib.ScaledGradient(list(grads_x), out_scale)
         return list(grads_x)
 
     def _stash_for(self, i):
@@ -366,23 +404,46 @@ class StageRunner:
             self._stashed = (i, weights)
         return weights
 
+    def _received(self, grads_out):
+        """`(output gradients, the scale they are at, whether they came finite)`."""
+        # With a dynamic scale, the received gradient is brought to this stage's scale, so
+        # that the backward runs at it (docs/SPECTRAIN.md, "Mixed precision").
+        if self.loss_scale is None:
+            return (None if grads_out is None else as_list(grads_out)), self._loss_scale, None
+        if grads_out is None:  # the last stage scales its loss by its own scale
+            return None, tf.identity(self.loss_scale.scale.value), tf.constant(True)
+        gradients, received_scale = grads_out
+        return self._rescale_fn(as_list(gradients), received_scale, self.loss_scale.scale.value)
+
+    def _note_scaled(self, scale, received, finite):
+        """Keeps the pending gradient's scale and finite flags, over its micro-batches."""
+        if self._pending_flags is None:
+            self._pending_scale, self._pending_flags = scale, (received, finite)
+        else:
+            before = self._pending_flags
+            self._pending_flags = (tf.logical_and(before[0], received),
+                                   tf.logical_and(before[1], finite))
+
     def _accumulate(self, grads):
         if self._pending is None:
             self._pending = list(grads)
         else:
             self._pending = [a + g for a, g in zip(self._pending, grads)]
 
-    def update(self, learning_rate=None, squares=None):
+    def update(self, learning_rate=None, squares=None, finite=None):
         """Applies the pending gradient with the optimizer (one update of the stage).
 
-        Nothing is read back to the host: with `skip_non_finite`, the update's own graph
-        checks the gradient and skips (and counts in `skipped`) one that is not finite.
+        Nothing is read back to the host: with `skip_non_finite` (or a dynamic loss
+        scale), the update's own graph checks the gradient and skips (and counts in
+        `skipped`) one that is not finite.
 
         Args:
             learning_rate: the learning rate of this update (a float), or None to keep the
                 optimizer's (a schedule, or a value no callback changed).
             squares: with `clip_globally`, every stage's squared gradient norm of this
                 mini-batch (scalar tensors, from `pending_square_norm`); else None.
+            finite: with a shared (sync mode) dynamic loss scale, every stage's
+                `pending_finite()` of this mini-batch; else None.
 
         Raises:
             RuntimeError: if no backward ran since the last update.
@@ -395,11 +456,46 @@ class StageRunner:
             self.optimizer.learning_rate = learning_rate
         self._attempts += 1
         self._ever_skipping = self._ever_skipping or self.skip_non_finite
-        if self.trainable:  # a stage without weights (e.g. only padding) has no update
+        if self.loss_scale is not None:  # even without weights: the scale follows its rule
+            self._update_scaled(pending, squares, finite)
+        elif self.trainable:  # a stage without weights (e.g. only padding) has no update
             self._apply_fn(pending, list(squares or []), self.skip_non_finite)
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
+
+    def _update_scaled(self, pending, squares, finite):
+        scale, flags = self._pending_scale, self._pending_flags
+        self._pending_scale = self._pending_flags = None
+        self._apply_scaled_fn(pending, list(squares or []), scale, flags, list(finite or []))
+
+    def use_loss_scale(self, scale):
+        """Turns on dynamic loss scaling (docs/SPECTRAIN.md, "Mixed precision").
+
+        The last stage's backward scales the loss by the stage's scale; every backward
+        brings its received gradient to the stage's scale and sends its input gradient
+        with it (a `loss_scale.ScaledGradient`); `update` divides the gradient by it and
+        skips (counting in `skipped`) a non-finite one, whatever `skip_non_finite` says.
+        The optimizer's own `loss_scale_factor` is turned off, as `LossScaleOptimizer` does.
+
+        Args:
+            scale: the stage's `loss_scale.DynamicLossScale` (shared: sync mode's rule).
+        """
+        self.loss_scale = scale
+        self._loss_scale = None
+        self.optimizer.loss_scale_factor = None
+        self._ever_skipping = True
+
+    def pending_finite(self):
+        """Whether the pending gradient is all finite: a boolean tensor on the stage's device.
+
+        Raises:
+            RuntimeError: if no backward ran since the last update.
+        """
+        if self._pending is None:
+            raise RuntimeError(f"stage {self.k}: no pending gradient")
+        with tf.device(self.device):
+            return self._finite_fn(self._pending) if self._pending else tf.constant(True)
 
     @property
     def pending_gradient(self):
@@ -507,6 +603,7 @@ class StageRunner:
         self.memory.clear()
         self._stashed = (None, None)
         self._pending = None
+        self._pending_scale = self._pending_flags = None
         self.penalties.clear()
         if self.probe is not None:
             self.probe.reset()
