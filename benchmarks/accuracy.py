@@ -145,8 +145,7 @@ def estimate_seconds(specs, workers):
 
 
 def _group_file(work_dir, key):
-    model, config, stages = key
-    return os.path.join(work_dir, f"{model}-{config}-{stages}.jsonl")
+    return os.path.join(work_dir, "-".join(str(part) for part in key) + ".jsonl")
 
 
 def _done(work_dir, specs):

@@ -228,6 +228,8 @@ class RunSpec:
         limit: only the first `limit` training examples (None: all 1,437).
         momentum: SGD momentum.
         weight_decay: Keras' weight decay (0: none).
+        precision: the Keras dtype policy the model trains under (`float32`,
+            `mixed_bfloat16`; `trainers.PRECISIONS`).
     """
 
     model: str
@@ -240,11 +242,13 @@ class RunSpec:
     limit: int = None
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    precision: str = "float32"
 
     @property
     def trainer_key(self):
         """Runs with the same key share one trainer (same graph, same cuts)."""
-        return (self.model, self.config, self.stages)
+        key = (self.model, self.config, self.stages)
+        return key if self.precision == "float32" else key + (self.precision,)
 
     def as_dict(self):
         """The fields as a dict (JSON-ready)."""
@@ -314,6 +318,7 @@ class Runner:
             cuts=lambda model: balanced_cuts(model, spec.stages)[0],
             spectrain_target=target,
             metrics=["accuracy"],
+            precision=spec.precision,
         )
         cuts = None if mode in BASELINES else trainer.cuts
         return trainer, trainers.optimizers(trainer), cuts
