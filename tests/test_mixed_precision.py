@@ -286,11 +286,17 @@ def _spy(pipe):
     return seen
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("mode, target", ASYNC)
-def test_async_modes_train_in_the_compute_dtype(policy, mode, target):
+# Each mode/target once, each policy twice (the scale path is float16's); two cases also
+# split into micro-batches and recompute every backward (issue 15's options).
+@pytest.mark.parametrize("policy, mode, target, options", [
+    ("mixed_float16", "stash", "paper", dict(micro_batches=2, recompute="always")),
+    ("mixed_float16", "spectrain", "paper", {}),
+    ("mixed_bfloat16", "vanilla", "paper", dict(micro_batches=2)),
+    ("mixed_bfloat16", "spectrain", "consistent", dict(recompute="always")),
+])
+def test_async_modes_train_in_the_compute_dtype(policy, mode, target, options):
     model = mlp(policy)
-    pipe = PipelineModel(model, cuts=CUTS, mode=mode, spectrain_target=target)
+    pipe = PipelineModel(model, cuts=CUTS, mode=mode, spectrain_target=target, **options)
     pipe.compile(optimizer=sgd(), loss=loss())
     seen = _spy(pipe)
     history = pipe.fit(*data(), batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
