@@ -4,9 +4,11 @@
     python -m benchmarks.precision --quick       # vgg, seed 0, 2 epochs
     python -m benchmarks.precision --out docs/PRECISION.md
 
-Each model (`common.build_model`: `vgg`, `resnet20`) trains as a 4-stage pipeline in `sync`
-and in paper SpecTrain (`spectrain-paper`) from the same initial weights on the same batches
-per seed (as `benchmarks.accuracy`), once with float32 and once built under the Keras dtype
+Each model (`common.build_model`: `vgg`, `resnet20`) trains with plain Keras `model.fit` on
+one device (`single`, the reference for what the precision itself does) and as a 4-stage
+pipeline in `sync` and in paper SpecTrain (`spectrain-paper`), from the same initial weights
+on the same batches per seed (as `benchmarks.accuracy`), once with float32 and once built
+under the Keras dtype
 policy `mixed_bfloat16` (layers compute in bfloat16, variables, momentum and the predicted
 weights stay float32; no loss scaling, as in Keras). The two precisions of a seed run one
 after the other in this process, so their epoch times are measured side by side. The
@@ -25,7 +27,7 @@ import time
 
 from benchmarks import common
 
-CONFIGS = ("sync", "spectrain-paper")
+CONFIGS = ("single", "sync", "spectrain-paper")
 PRECISIONS = ("float32", "mixed_bfloat16")
 
 

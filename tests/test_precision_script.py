@@ -15,10 +15,10 @@ def test_each_float32_run_is_followed_by_its_bfloat16_twin():
     args = argparse.Namespace(models=["vgg"], seeds=[0, 1], epochs=2, lr=0.03, stages=4)
     specs = precision.specs(args)
     assert [(s.config, s.seed, s.precision) for s in specs] == [
-        (c, seed, p) for c in ("sync", "spectrain-paper") for seed in (0, 1)
+        (c, seed, p) for c in ("single", "sync", "spectrain-paper") for seed in (0, 1)
         for p in ("float32", "mixed_bfloat16")]
-    assert specs[0].trainer_key == ("vgg", "sync", 4)
-    assert specs[1].trainer_key == ("vgg", "sync", 4, "mixed_bfloat16")
+    assert specs[4].trainer_key == ("vgg", "sync", 4)
+    assert specs[5].trainer_key == ("vgg", "sync", 4, "mixed_bfloat16")
 
 
 def test_table_pairs_the_seeds():
