@@ -1,23 +1,28 @@
-"""Child process of test_remote_pipeline: the trainer of a pipeline across loopback workers.
+"""Child process of test_remote_pipeline and test_watchdog: the trainer of a pipeline across
+loopback workers (one child makes the checks of both, on the same two workers, since each
+start of a trainer and of its workers costs several seconds of TensorFlow imports).
 
-    python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain
-    python tests/remote_pipeline_child.py --cluster ... --slow 1.2 --deadline 0.4 \
-        --interval 0.3 --stop PID
+    python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain \
+        [--slow 1.2 --deadline 0.4 --interval 0.3] [--stop PID]
 
-Connects (2 devices per worker), trains a small MLP as a 4-stage pipeline on the workers'
-devices, then the same pipeline from the same weights on this process' own CPU, and prints
-one JSON line: the largest weight difference, where the stages' variables live and the
-loss history; then the same for two replicas of a 2-stage pipeline, one on each worker,
-against one pipeline with the same batch on this process' CPU.
+Connects (2 devices per worker) and prints one JSON line of what the given flags ask for,
+in this order:
 
-The watchdog (tf_spectrain.cluster.watchdog) instead: `--slow S` trains 2 mini-batches of
-a model whose stage 3 (worker 1's CPU:1) busies its worker for S seconds in every forward,
-with the watchdog's deadline set to `--deadline` (and its interval to `--interval`, if
-given), and reports the error (None), stage 3's forwards and the watchdog's checks (task,
-start and end times); `--stop PID` then stops that worker (SIGSTOP) once the first epoch
-of the default watchdog has trained 5 mini-batches, and reports how long `fit` took to
-fail, the error, the threads left, and, after killing the stopped worker (SIGKILL), the
-pipeline's and the watchdog's threads still left once those have ended (or 10 s passed).
+`--mode`: trains a small MLP as a 4-stage pipeline on the workers' devices in each mode,
+then the same pipeline from the same weights on this process' own CPU, and reports the
+largest weight difference, where the stages' variables live and the loss history; then
+the same for two replicas of a 2-stage pipeline, one on each worker, against one pipeline
+with the same batch on this process' CPU.
+
+The watchdog (tf_spectrain.cluster.watchdog): `--slow S` trains 2 mini-batches of a model
+whose stage 3 (worker 1's CPU:1) busies its worker for S seconds in every forward, with the
+watchdog's deadline set to `--deadline` (and its interval to `--interval`, if given), and
+reports the error (None), stage 3's forwards and the watchdog's checks (task, start and end
+times); `--stop PID` then stops that worker (SIGSTOP) once the first epoch of the default
+watchdog has trained 5 mini-batches, and reports how long `fit` took to fail, the error,
+the threads left, and, after killing the stopped worker (SIGKILL), the pipeline's and the
+watchdog's threads still left once those have ended (or 10 s passed). `--stop` goes last:
+it leaves worker 1 dead.
 """
 
 import argparse
@@ -151,45 +156,21 @@ def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, callbacks=N
     return pipe, history.history["loss"]
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cluster", required=True)
-    parser.add_argument("--mode", default="sync")
-    parser.add_argument("--stop", type=int, default=None)
-    parser.add_argument("--slow", type=float, default=None)
-    parser.add_argument("--deadline", type=float, default=1.0)
-    parser.add_argument("--interval", type=float, default=None)
-    args = parser.parse_args()
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    import tf_spectrain
-
-    devices = tf_spectrain.connect_cluster(args.cluster, devices_per_worker=2)
-    if args.slow is not None or args.stop is not None:
-        result = {}
-        if args.slow is not None:
-            result["busy"] = busy_run(tf_spectrain, keras, tf, devices, args.slow,
-                                      args.deadline, args.interval, np)
-        if args.stop is not None:
-            result["stop"] = stop_run(tf_spectrain, keras, devices, args.stop, np)
-        print(json.dumps(result), flush=True)
-        return
+def equality(tf_spectrain, keras, np, devices, modes):
+    """The `--mode` checks: each mode's pipeline on the workers and on this process' CPU."""
     model = build(keras)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 6)).astype("float32"), np.arange(40) % 3
     w0 = model.get_weights()
     results = {}
-    for mode in args.mode.split(","):
+    local_device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    for mode in modes:
         model.set_weights(w0)
         pipe, remote_loss = train(tf_spectrain, keras, model, devices, mode, x, y)
         remote = model.get_weights()
         where = [stage.variables[0].value.device for stage in pipe.stages]
         evaluated = pipe.evaluate(x, y, verbose=0)
         model.set_weights(w0)
-        local_device = "/job:localhost/replica:0/task:0/device:CPU:0"
         _, local_loss = train(tf_spectrain, keras, model, [local_device] * 4, mode, x, y)
         results[mode] = {
             "max_diff": max(float(np.max(np.abs(a - b)))
@@ -215,7 +196,35 @@ def main():
         "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(remote, w0)),
         "variables_on": where, "remote_loss": remote_loss, "local_loss": local_loss,
     }
-    print(json.dumps(results), flush=True)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--mode", default=None)
+    parser.add_argument("--stop", type=int, default=None)
+    parser.add_argument("--slow", type=float, default=None)
+    parser.add_argument("--deadline", type=float, default=1.0)
+    parser.add_argument("--interval", type=float, default=None)
+    args = parser.parse_args()
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tf_spectrain
+
+    devices = tf_spectrain.connect_cluster(args.cluster, devices_per_worker=2)
+    result = {}
+    if args.mode is not None:
+        result["equal"] = equality(tf_spectrain, keras, np, devices, args.mode.split(","))
+    if args.slow is not None:
+        result["busy"] = busy_run(tf_spectrain, keras, tf, devices, args.slow,
+                                  args.deadline, args.interval, np)
+    if args.stop is not None:
+        result["stop"] = stop_run(tf_spectrain, keras, devices, args.stop, np)
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 CLI = ["--model", "mlp", "--gpus", "2", "--limit", "64", "--batch-size", "16"]
+# The same with given cuts, for the runs whose checks do not involve planning (a plan
+# profiles the model first; test_cli_resume_equals_uninterrupted resumes a planned run).
+CUT = CLI + ["--cuts", "dense1"]
 
 
 def run_cli(argv, capsys):
@@ -63,18 +66,18 @@ def test_cli_resume_equals_uninterrupted(tmp_path, capsys, monkeypatch):
 
 def test_cli_refuses_to_overwrite_and_to_resume_another_run(tmp_path, capsys):
     logdir = str(tmp_path / "run")
-    assert run_cli(CLI + ["--epochs", "1", "--logdir", logdir], capsys)[0] == 0
+    assert run_cli(CUT + ["--epochs", "1", "--logdir", logdir], capsys)[0] == 0
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(CLI + ["--epochs", "2", "--logdir", logdir], capsys)
+        run_cli(CUT + ["--epochs", "2", "--logdir", logdir], capsys)
     assert exit_info.value.code == 2
     assert "already holds checkpoints" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(CLI + ["--epochs", "2", "--logdir", logdir, "--resume", "--mode", "stash"], capsys)
+        run_cli(CUT + ["--epochs", "2", "--logdir", logdir, "--resume", "--mode", "stash"], capsys)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "mode: the checkpoint has 'spectrain', this run has 'stash'" in err
     with pytest.raises(SystemExit):
-        run_cli(CLI + ["--epochs", "2", "--logdir", logdir, "--resume", "--seed", "3"], capsys)
+        run_cli(CUT + ["--epochs", "2", "--logdir", logdir, "--resume", "--seed", "3"], capsys)
     assert "extra.seed: the checkpoint has 0, this run has 3" in capsys.readouterr().err
 
 
@@ -86,11 +89,13 @@ def _start(argv, tmp_path):
     )
 
 
-def _wait_for_checkpoint(directory, process, timeout=120):
+def _wait_for_checkpoint(directory, process, after=None, timeout=120):
+    """Waits for a checkpoint in `directory` other than `after` (a newer one); returns it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if checkpoint_store.latest_checkpoint(directory):
-            return
+        newest = checkpoint_store.latest_checkpoint(directory)
+        if newest is not None and newest != after:
+            return newest
         if process.poll() is not None:
             raise AssertionError(f"train.py ended early: {process.communicate()}")
         time.sleep(0.05)
@@ -98,9 +103,9 @@ def _wait_for_checkpoint(directory, process, timeout=120):
 
 
 # 100 mini-batches per epoch (several seconds): long enough to be interrupted in the middle
-# of epoch 1, 0.5 s after its first checkpoint.
+# of an epoch, 0.5 s (a signal) or 1 s (SIGKILL) after the checkpoint of the epoch before.
 LONG = ["--model", "mlp", "--gpus", "3", "--limit", "400", "--batch-size", "4",
-        "--epochs", "2", "--prediction-every", "0"]
+        "--epochs", "3", "--prediction-every", "0"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -124,17 +129,33 @@ def test_a_signal_drains_saves_and_says_how_to_resume(signum, tmp_path):
     assert checkpoint_store.latest_checkpoint(logdir / "checkpoints") == path
     assert os.path.basename(path) == f"ckpt-e{epoch:04d}-b{batch:06d}"
     assert "--resume" in command
-    if signum == signal.SIGINT:
-        # Resuming with the printed command finishes the run and exports the model.
-        argv = command.split()[2:]
-        finish = _start(argv, tmp_path)
-        out, err = finish.communicate(timeout=300)
-        assert finish.returncode == 0, err[-3000:]
-        assert f"resuming {path}" in out and "test accuracy" in out
-        paths = checkpoint_store.list_checkpoints(logdir / "checkpoints")
-        names = [os.path.basename(p) for p in paths]
-        assert names[-1] == "ckpt-e0002-b000000"
-        _assert_loads_without_tf_spectrain(logdir / "model.keras", tmp_path)
+    if signum == signal.SIGINT:  # SIGTERM stops the same way (one handler for both)
+        _sigkill_then_finish(command.split()[2:], path, logdir, tmp_path)
+
+
+def _sigkill_then_finish(argv, stopped_at, logdir, tmp_path):
+    """The printed command resumes the run; killed (SIGKILL) 1 s after its next epoch-end
+    checkpoint, it leaves a resumable run: the same command resumes it from that
+    checkpoint, finishes and exports the model, which loads without tf_spectrain.
+
+    (One chain of runs for both checks: each train.py costs seconds of imports.)"""
+    directory = logdir / "checkpoints"
+    resumed = _start(argv, tmp_path)
+    _wait_for_checkpoint(directory, resumed, after=stopped_at)  # epoch 2's end
+    time.sleep(1.0)  # into epoch 3
+    resumed.kill()
+    out, _ = resumed.communicate(timeout=60)
+    assert f"resuming {stopped_at}" in out  # train.py flushes that line
+    newest = checkpoint_store.latest_checkpoint(directory)
+    assert newest != stopped_at  # written by the killed run, after it resumed
+    checkpoint_store.load_checkpoint(newest)  # complete and intact
+    finish = _start(argv, tmp_path)
+    out, err = finish.communicate(timeout=300)
+    assert finish.returncode == 0, err[-3000:]
+    assert f"resuming {newest}" in out and "test accuracy" in out
+    names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(directory)]
+    assert names[-1] == "ckpt-e0003-b000000"
+    _assert_loads_without_tf_spectrain(logdir / "model.keras", tmp_path)
 
 
 def _assert_loads_without_tf_spectrain(path, tmp_path):
@@ -154,21 +175,6 @@ def _assert_loads_without_tf_spectrain(path, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_sigkill_leaves_a_resumable_run(tmp_path):
-    logdir = tmp_path / "run"
-    process = _start(LONG + ["--logdir", str(logdir)], tmp_path)
-    _wait_for_checkpoint(logdir / "checkpoints", process)
-    time.sleep(1.0)
-    process.kill()
-    process.communicate(timeout=60)
-    newest = checkpoint_store.latest_checkpoint(logdir / "checkpoints")
-    checkpoint_store.load_checkpoint(newest)  # complete and intact
-    finish = _start(LONG + ["--logdir", str(logdir), "--resume"], tmp_path)
-    out, err = finish.communicate(timeout=300)
-    assert finish.returncode == 0, err[-3000:]
-    assert f"resuming {newest}" in out
-
-
 def _tensor_scalars(logdir, tag):
     import tensorflow as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -180,7 +186,7 @@ def _tensor_scalars(logdir, tag):
 
 def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, capsys):
     logdir = str(tmp_path / "run")
-    argv = CLI + ["--logdir", logdir, "--log-every", "1", "--prediction-every", "0"]
+    argv = CUT + ["--logdir", logdir, "--log-every", "1", "--prediction-every", "0"]
     assert run_cli(argv + ["--epochs", "1", "--lr", "0.01"], capsys)[0] == 0
     code, out = run_cli(argv + ["--epochs", "2", "--lr", "0.002", "--resume"], capsys)
     assert code == 0
@@ -200,7 +206,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
     from tf_spectrain.callbacks import Telemetry
 
     whole, split = tmp_path / "whole", tmp_path / "split"
-    argv = CLI + ["--epochs", "2", "--mode", "sync", "--log-every", "1", "--cuts", "dense1"]
+    argv = CUT + ["--epochs", "2", "--mode", "sync", "--log-every", "1"]
     assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
     args = dataclasses.replace(cli.parse_args(argv + ["--logdir", str(split)]), verbose=0)
     run = training.prepare(args)
@@ -233,7 +239,7 @@ def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "save_checkpoint", full_disk)
-    code, out = run_cli(CLI + ["--epochs", "1", "--logdir", str(tmp_path / "run")], capsys)
+    code, out = run_cli(CUT + ["--epochs", "1", "--logdir", str(tmp_path / "run")], capsys)
     assert code == 1
     assert "Could not write the checkpoint of epoch 1, mini-batch 0" in out.err
     assert "No space left on device" in out.err and "Traceback" not in out.err

@@ -8,13 +8,14 @@ import textwrap
 import pytest
 import tensorflow as tf
 from conftest import NUM_DEVICES
+from data_reference import make_layout
 
 import tf_spectrain
 from tf_spectrain import devices
 
 
-def run_python(code):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def run_python(code, **env):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -58,12 +59,25 @@ def test_split_counts(physical, n, expected):
     assert sum(counts) == n
 
 
-def test_fresh_process_splits_cpu_warns_and_sets_inter_op_threads():
+def test_fresh_process_splits_cpu_warns_and_sets_inter_op_threads(tmp_path):
+    # First the data catalog's metadata calls (test_catalog.py): they must run no
+    # TensorFlow op, or the split after them would fail. (One fresh process for both: each
+    # costs seconds of imports.)
+    make_layout(tmp_path, ["mnist/3.0.1/dataset_info.json"])
     out = run_python(
-        """
+        f"""
         import warnings
         import tensorflow as tf
         import tf_spectrain
+        from tf_spectrain import data
+        names = data.dataset_names()
+        infos = [data.get_info(name) for name in names]
+        data.check_available("digits")
+        data.check_available("mnist", data_dir={str(tmp_path)!r})
+        try:
+            data.check_available("cifar10", data_dir={str(tmp_path)!r})
+        except data.DatasetNotFoundError:
+            pass
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             names = tf_spectrain.setup_devices(3)
@@ -74,7 +88,8 @@ def test_fresh_process_splits_cpu_warns_and_sets_inter_op_threads():
         with tf.device(names[2]):
             t = tf.constant(1.0) + 1.0
         print(t.device)
-        """
+        """,
+        TFDS_DATA_DIR=str(tmp_path),
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -85,24 +100,9 @@ def test_fresh_process_splits_cpu_warns_and_sets_inter_op_threads():
     assert lines[4].endswith("CPU:2")
 
 
-def test_fresh_process_too_late_raises_clear_error():
-    out = run_python(
-        """
-        import tensorflow as tf
-        import tf_spectrain
-        tf.constant(1.0)
-        try:
-            tf_spectrain.setup_devices(2)
-        except RuntimeError as e:
-            print("ERROR", e)
-        """
-    )
-    assert out.returncode == 0, out.stderr
-    assert "ERROR" in out.stdout
-    assert "Call `tf_spectrain.setup_devices(n)` at the start" in out.stdout
-
-
-def test_fresh_process_one_device_keeps_tensorflows_thread_choice():
+def test_fresh_process_one_device_keeps_tensorflows_thread_choice_and_too_late_raises():
+    # One fresh process: setup_devices(1) changes nothing; then, once an op has run, more
+    # devices cannot be had, and the error says to call setup_devices first.
     out = run_python(
         """
         import warnings
@@ -113,10 +113,18 @@ def test_fresh_process_one_device_keeps_tensorflows_thread_choice():
             print(tf_spectrain.setup_devices(1))
         print(tf.config.threading.get_inter_op_parallelism_threads())
         print(any("logical devices" in str(x.message) for x in w))
+        tf.constant(1.0)
+        try:
+            tf_spectrain.setup_devices(2)
+        except RuntimeError as e:
+            print("ERROR", e)
         """
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["['/CPU:0']", "0", "False"]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() + lines[1:3] == ["['/CPU:0']", "0", "False"]
+    assert lines[3].startswith("ERROR")
+    assert "Call `tf_spectrain.setup_devices(n)` at the start" in lines[3]
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """A pipeline across worker processes on 127.0.0.1: same weights as on local devices, and a
 killed worker makes `fit` fail at once, naming the worker, its address and its stages.
 
-The trainer runs in a subprocess (tests/remote_pipeline_child.py): connecting reconfigures
-the eager context that pytest's process shares with every other test.
+The trainer runs in a subprocess (tests/remote_pipeline_child.py, started once for this module
+and test_watchdog by conftest's `loopback_run`): connecting reconfigures the eager context
+that pytest's process shares with every other test.
 """
 
 import json
@@ -31,11 +32,6 @@ def _workers(tmp_path):
         procs.kill_all()
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory):
-    yield from _workers(tmp_path_factory.mktemp("workers"))
-
-
 @pytest.fixture
 def doomed_workers(tmp_path):  # killed by the test itself
     yield from _workers(tmp_path)
@@ -49,9 +45,9 @@ def run_child(*args, timeout=180):
     return json.loads(lines[-1])
 
 
-def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(workers):
-    cluster, _ = workers
-    results = run_child("--cluster", cluster, "--mode", "sync,spectrain")
+def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(loopback_run):
+    # conftest's child, which then makes test_watchdog's checks on the same workers
+    results = dict(loopback_run["equal"])
     assert set(results) == {"sync", "spectrain", "replicas"}
     replicas = results.pop("replicas")
     for result in results.values():

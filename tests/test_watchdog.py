@@ -4,10 +4,11 @@ for a local pipeline.
 
 The watchdog and `EpochRun` are checked with fake probes and fake stages (a stage "blocked
 in a remote op" waits on an event that only the test sets). Then a real pipeline across two
-loopback workers: the trainer runs in a subprocess (tests/remote_pipeline_child.py), which
-first trains past a stage whose every forward keeps its worker busy for 1.2 s under a
-watchdog deadline of 0.4 s (checks every 0.3 s), then stops (SIGSTOP) worker 1 in the middle
-of an epoch under the default watchdog, and kills it (SIGKILL) at the end.
+loopback workers: the trainer runs in a subprocess (tests/remote_pipeline_child.py, started
+once for this module and test_remote_pipeline by conftest's `loopback_run`), which trains
+past a stage whose every forward keeps its worker busy for 1.2 s under a watchdog deadline
+of 0.4 s (checks every 0.3 s), then stops (SIGSTOP) worker 1 in the middle of an epoch under
+the default watchdog, and kills it (SIGKILL) at the end.
 """
 
 import threading
@@ -15,7 +16,6 @@ import time
 
 import pytest
 import tensorflow as tf
-from test_remote_pipeline import _workers, run_child
 
 from tf_spectrain.cluster import health, spec, watchdog
 from tf_spectrain.runtime import executor
@@ -291,15 +291,9 @@ BUSY_INTERVAL = 0.3  # between rounds of checks: about 4 rounds in each forward
 
 
 @pytest.fixture(scope="module")
-def child_result(tmp_path_factory):
-    workers = _workers(tmp_path_factory.mktemp("watchdog"))
-    cluster, procs = next(workers)
-    try:
-        result = run_child("--cluster", cluster, "--slow", BUSY_SECONDS, "--deadline",
-                           BUSY_DEADLINE, "--interval", BUSY_INTERVAL, "--stop", procs[1].pid)
-    finally:
-        workers.close()  # kills both workers by pid
-    return dict(result, cluster=cluster)
+def child_result(loopback_run):
+    """conftest's trainer child, which first checked test_remote_pipeline's equalities."""
+    return loopback_run
 
 
 def test_a_busy_worker_is_not_declared_lost(child_result):
