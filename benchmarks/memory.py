@@ -1,6 +1,6 @@
 """Memory per stage, throughput and bubble of each schedule and `recompute`, side by side.
 
-    python -m benchmarks.memory                 # VGG16, N = 4, M = 8, batch 64 (about 10 min)
+    python -m benchmarks.memory                 # VGG16, N = 4, M = 8, batch 32
     python -m benchmarks.memory --quick         # small_cnn, a smoke run
     python -m benchmarks.memory --out docs/MEMORY.md
 
@@ -14,10 +14,10 @@ short warm-up fit, then one timed epoch on synthetic 32x32x3 images), one after 
   weights, slots, in-flight inputs, tapes and weight copies), the process' peak resident
   memory, and images/s with CPU time / wall time;
 - the bubble (1 - mean stage utilisation) of GPipe and 1F1B-flush at M = 4 and 8,
-  against the lock-step value `(N - 1) / (M + N - 1)`; also at N = 2 with one intra-op
-  thread per stage, where the 2 stages have a core each (at N = 4 the 4 logical devices
-  share 2 cores, so a stage's passes stretch while others run and its utilisation is not
-  the schedule's).
+  against the lock-step value `(N - 1) / (M + N - 1)`; with `--two-cores` also at N = 2
+  with one intra-op thread per stage, where the 2 stages have a core each (at N = 4 the 4
+  logical devices share 2 cores, so a stage's passes stretch while others run and its
+  utilisation is not the schedule's).
 
 On GPUs the child also reads each device's allocator peak; on CPU devices TensorFlow tracks
 none, so the per-stage figures are the stages' own estimates.
@@ -123,13 +123,15 @@ def main():
     p.add_argument("--model", default="vgg16")
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=12, help="mini-batches in the timed epoch")
-    p.add_argument("--warmup", type=int, default=4, help="mini-batches of the warm-up fit")
-    p.add_argument("--skip", type=int, default=4, help="first mini-batches left out (fill)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=6, help="mini-batches in the timed epoch")
+    p.add_argument("--warmup", type=int, default=2, help="mini-batches of the warm-up fit")
+    p.add_argument("--skip", type=int, default=2, help="first mini-batches left out (fill)")
     p.add_argument("--configs", type=common.csv_of(str, list(MODES)),
                    default=list(MODES))
     p.add_argument("--no-bubble", action="store_true", help="skip the bubble runs")
+    p.add_argument("--two-cores", action="store_true",
+                   help="also measure the bubble at N = 2 with one intra-op thread per stage")
     p.add_argument("--quick", action="store_true", help="small_cnn, batch 32, 6 steps")
     p.add_argument("--out", default=None, help="also write the tables to this file")
     args = p.parse_args()
@@ -149,7 +151,8 @@ def main():
                                              recompute)
     bubbles = {}
     if not args.no_bubble:
-        for stages, intra in ((args.stages, 0), (2, 1)):
+        depths = ((args.stages, 0), (2, 1)) if args.two_cores else ((args.stages, 0),)
+        for stages, intra in depths:
             for m in (4, 8):
                 for name in ("sync-gpipe", "sync-1f1b"):
                     known = results.get((name, "auto"))
