@@ -134,9 +134,10 @@ def _cuts_without_pipeline(rng, ctx):
 
 
 def _micro_batches_without_sync(rng, ctx):
+    # 1F1B-flush orders sync mode's micro-batches: refused with an asynchronous mode.
     mode = rng.choice(["spectrain", "stash", "vanilla"])
-    argv = ["--mode", mode, "--batch-size", "8", "--micro-batches", rng.choice(["2", "4"])]
-    return Defect(argv, {"--mode", "--batch-size", "--micro-batches"}, "--micro-batches")
+    argv = ["--mode", mode, "--schedule", "1f1b"]
+    return Defect(argv, {"--mode", "--schedule"}, "--schedule")
 
 
 def _micro_batches_not_dividing(rng, ctx):
@@ -461,8 +462,8 @@ def _random_kwargs(rng, bad):
     kwargs = {name: rng.choice(values) for name, values in VALID_ARGS.items()}
     kwargs["micro_batches"] = 2 if kwargs["mode"] == "sync" and rng.random() < 0.5 else 1
     for name in bad:
-        if name == "micro_batches_without_sync":
-            kwargs["micro_batches"] = 2
+        if name == "micro_batches_without_sync":  # now: 1F1B-flush outside sync mode
+            kwargs["schedule"] = "1f1b"
             kwargs["mode"] = rng.choice(["spectrain", "stash", "vanilla"])
         else:
             kwargs[name] = rng.choice(BAD_ARGS[name])()
@@ -478,7 +479,7 @@ def _innermost_frame(error):
 
 
 def _mentions(message, name):
-    name = "micro_batches" if name == "micro_batches_without_sync" else name
+    name = "schedule" if name == "micro_batches_without_sync" else name
     return name.lower() in message.lower()
 
 

@@ -155,7 +155,7 @@ class FakeRunner:
     def backward(self, key, grads_out=None):
         return [tf.constant(0.0)]
 
-    def update(self, learning_rate=None, squares=None):
+    def update(self, learning_rate=None, squares=None, finite=None):
         pass
 
     def reset(self):

@@ -179,5 +179,5 @@ def attach(runners, settings, shared):
 
 def shares_scale(runners):
     """True when `runners` scale their loss with one shared scale (sync mode)."""
-    scale = runners[-1].loss_scale
+    scale = getattr(runners[-1], "loss_scale", None)
     return scale is not None and scale.shared
