@@ -1,8 +1,8 @@
-"""Image classification datasets as `tf.data` pipelines.
+"""Image and text datasets as `tf.data` pipelines.
 
-Every dataset comes out the same way, so that any model of `tf_spectrain.models` can train
-on any of them: batches of `(images, labels)` with float32 images `[B, 32, 32, 3]` and int32
-labels `[B]`.
+Every image set comes out the same way, so that any image model of `tf_spectrain.models`
+can train on any of them: batches of `(images, labels)` with float32 images
+`[B, 32, 32, 3]` and int32 labels `[B]`.
 
 | name            | classes | train  | test   | source                             |
 |-----------------|---------|--------|--------|------------------------------------|
@@ -28,6 +28,27 @@ probability 1/2. The flip is used only where a mirror image shows the same class
 (`cifar10`, `cifar100`, `fashion_mnist`); never for `digits` and `mnist`, because a mirrored
 digit is not that digit.
 
+Text sets come as int32 token ids `[B, seq_len]` (`get_info(name)` gives `seq_len`,
+`vocab_size` and the `task`) with int32 labels: `[B]` for classification, `[B, seq_len]`
+(the next token at every position) for language modelling, where `num_classes` is the
+vocabulary size. `DatasetInfo.model_options()` gives what a text model also needs.
+
+| name           | task                   | vocab  | seq_len | train  | test   | source              |
+|----------------|------------------------|--------|---------|--------|--------|---------------------|
+| `pydoc`        | next byte              | 256    | 128     | ~2,659 | ~262   | Python (bundled)    |
+| `pydoc_words`  | next word              | 2,048  | 64      | ~1,325 | ~124   | Python (bundled)    |
+| `imdb_reviews` | sentiment (2 classes)  | 20,000 | 256     | 25,000 | 25,000 | tensorflow-datasets |
+
+- `pydoc` and `pydoc_words` are next-token language modelling on the English prose of
+  `pydoc_data.topics` (the text of `help()`, which ships with every Python), repeated
+  paragraphs removed and every 10th paragraph held out for testing: byte-level (ids are
+  the UTF-8 bytes) or word-level (a vocabulary of the training split's most frequent
+  words; 0 padding, 1 unknown). The counts above are Python 3.11's; the text changes a
+  little between versions. See `pydoc_corpus`.
+- `imdb_reviews` is read from a prepared tensorflow-datasets data dir and tokenised with
+  a Keras `TextVectorization` adapted on the training reviews (`imdb_vectorizer`): 0
+  padding, 1 unknown, reviews cut or padded to 256 tokens. See `text`.
+
 Shuffling and augmentation are deterministic: the same `seed` gives the same epochs, in the
 same order, in every run (TensorFlow combines the `seed` with its global seed, so set the
 global seed to the same value too, or not at all). Each new pass over a training dataset
@@ -39,9 +60,11 @@ unless `download=True`. A dataset that is not prepared there fails at once with
 `get_info`, `dataset_names` and `check_available` run no TensorFlow op, so they are safe
 to call before the program has set up its devices.
 
-Modules: `catalog` (names, `DatasetInfo`, availability; no TensorFlow), `transforms` (the
-digits arrays and the per-image ops) and `loaders` (the `tf.data` pipelines). Every public
-name is re-exported here.
+Modules: `catalog` (names, `DatasetInfo`, availability; no TensorFlow), `pydoc_corpus`
+(the pydoc text and its tokens; no TensorFlow), `transforms` (the digits arrays and the
+per-image ops), `text` (the text sets as token arrays), `tfds_source` (reading a prepared
+tensorflow-datasets split) and `loaders` (the `tf.data` pipelines). Every public name of
+`catalog` and `loaders`, and `imdb_vectorizer`, is re-exported here.
 """
 
 from tf_spectrain.data.catalog import (
@@ -59,6 +82,7 @@ from tf_spectrain.data.loaders import (
     load_epochs,
     steps_per_epoch,
 )
+from tf_spectrain.data.text import imdb_vectorizer
 
 __all__ = [
     "IMAGE_SIZE",
@@ -68,6 +92,7 @@ __all__ = [
     "dataset_names",
     "epoch_seed",
     "get_info",
+    "imdb_vectorizer",
     "load",
     "load_arrays",
     "load_epochs",

@@ -1,20 +1,28 @@
 """Which datasets there are, what they hold, and whether one can be read here.
 
-The names, each dataset's `DatasetInfo`, the normalisation constants and which sets may be
+The names, each dataset's `DatasetInfo` (images or token sequences, what the labels are,
+and what a text model needs to know), the normalisation constants and which sets may be
 mirrored, and the offline availability check: `dataset_names`, `get_info` and
 `check_available` run no TensorFlow op (this module does not even import TensorFlow), so
 they are safe to call before the program has set up its devices.
 """
 
 import dataclasses
+import functools
 import os
 import re
 
 from tf_spectrain import checks
+from tf_spectrain.data import pydoc_corpus
 from tf_spectrain.messages import did_you_mean
 
 IMAGE_SIZE = 32
 DIGITS_TEST_SIZE = 360
+PYDOC_SEQ_LEN = 128  # bytes per `pydoc` example
+PYDOC_WORDS_SEQ_LEN = 64  # tokens per `pydoc_words` example
+IMDB_SEQ_LEN = 256  # tokens per review: longer ones are cut, shorter ones padded with 0
+IMDB_VOCAB_SIZE = 20_000  # token ids of `imdb_reviews`: 0 padding, 1 unknown, 19,998 words
+TASKS = ("classification", "language_model")
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 
 
@@ -26,22 +34,74 @@ class DatasetNotFoundError(FileNotFoundError):
 class DatasetInfo:
     """What a model needs to know about a dataset.
 
+    Image sets yield float32 images and one int32 class per image. Text sets yield int32
+    token ids `[seq_len]` (ids `0 .. vocab_size - 1`); their labels are one class per
+    sequence (`task="classification"`) or, for language modelling, the next token at
+    every position (`task="language_model"`: labels `[seq_len]`, `num_classes` equal to
+    `vocab_size`).
+
     Attributes:
         name: the dataset name, one of `dataset_names()`.
         num_classes: the number of classes; labels are `0..num_classes-1`.
-        image_shape: the shape of one image as `load` yields it, `(32, 32, 3)`.
+        input_shape: the shape of one example as `load` yields it: `(32, 32, 3)` for the
+            image sets, `(seq_len,)` for the text sets.
         num_train: the number of training examples.
         num_test: the number of test examples.
-        source: `"sklearn"` (bundled, always available) or `"tfds"`
-            (tensorflow-datasets, prepared in a data dir).
+        source: `"sklearn"` or `"embedded"` (bundled with scikit-learn or Python, always
+            available) or `"tfds"` (tensorflow-datasets, prepared in a data dir).
+        task: `"classification"` or `"language_model"`.
+        vocab_size: the number of token ids of a text set; None for an image set.
     """
 
     name: str
     num_classes: int
-    image_shape: tuple
+    input_shape: tuple
     num_train: int
     num_test: int
     source: str
+    task: str = "classification"
+    vocab_size: int | None = None
+
+    @property
+    def input_kind(self):
+        """`"text"` (token ids) or `"image"`."""
+        return "image" if self.vocab_size is None else "text"
+
+    @property
+    def input_dtype(self):
+        """The dtype of the examples: `"float32"` (images) or `"int32"` (token ids)."""
+        return "float32" if self.vocab_size is None else "int32"
+
+    @property
+    def image_shape(self):
+        """The shape of one image, `(32, 32, 3)`; None for a text set."""
+        return self.input_shape if self.vocab_size is None else None
+
+    @property
+    def seq_len(self):
+        """Tokens per example of a text set; None for an image set."""
+        return None if self.vocab_size is None else self.input_shape[0]
+
+    @property
+    def label_shape(self):
+        """The shape of one example's labels: `()`, or `(seq_len,)` for language modelling."""
+        return self.input_shape if self.task == "language_model" else ()
+
+    def model_options(self):
+        """Returns the keyword options a model of the zoo needs for this dataset.
+
+        Build a model for the dataset with
+        `models.get_model(name, info.input_shape, info.num_classes, **info.model_options())`.
+        A text classifier needs the size of its token embedding, `vocab_size`; a language
+        model reads and predicts the same tokens, so `num_classes` (= `vocab_size`) tells it
+        both; image models need nothing more.
+
+        Returns:
+            `{"vocab_size": vocab_size}` for a text classification set, else `{}`.
+        """
+        if self.input_kind == "text" and self.task == "classification":
+            return {"vocab_size": self.vocab_size}
+        return {}
 
 
 def _info(name, num_classes, num_train, num_test, source):
@@ -55,8 +115,30 @@ _INFOS = {
     "cifar100": _info("cifar100", 100, 50_000, 10_000, "tfds"),
     "digits": _info("digits", 10, 1_797 - DIGITS_TEST_SIZE, DIGITS_TEST_SIZE, "sklearn"),
     "fashion_mnist": _info("fashion_mnist", 10, 60_000, 10_000, "tfds"),
+    "imdb_reviews": DatasetInfo(
+        "imdb_reviews", 2, (IMDB_SEQ_LEN,), 25_000, 25_000, "tfds",
+        vocab_size=IMDB_VOCAB_SIZE,
+    ),
     "mnist": _info("mnist", 10, 60_000, 10_000, "tfds"),
 }
+
+# The `pydoc` sets: their level and example length; their counts come from the text.
+PYDOC_SETS = {"pydoc": ("bytes", PYDOC_SEQ_LEN), "pydoc_words": ("words", PYDOC_WORDS_SEQ_LEN)}
+
+# tensorflow-datasets sets read in a builder config: prepared in `<data_dir>/<name>/<config>`.
+TFDS_CONFIGS = {"imdb_reviews": "plain_text"}
+
+
+@functools.lru_cache(maxsize=None)
+def _pydoc_info(name):
+    """The `DatasetInfo` of a `pydoc` set, counted from Python's own text."""
+    level, seq_len = PYDOC_SETS[name]
+    counts = [
+        pydoc_corpus.num_windows(len(pydoc_corpus.token_ids(level, split)), seq_len)
+        for split in ("train", "test")
+    ]
+    vocab = pydoc_corpus.vocab_size(level)
+    return DatasetInfo(name, vocab, (seq_len,), *counts, "embedded", "language_model", vocab)
 
 # Per-channel (mean, std) of the training images scaled to [0, 1]; digits: computed from
 # its own training split (see `transforms.digits_arrays`).
@@ -77,7 +159,7 @@ FLIP_INVARIANT = frozenset({"cifar10", "cifar100", "fashion_mnist"})
 
 def _check_name(name):
     """`name` is a known dataset (a "did you mean" for a near miss)."""
-    if isinstance(name, str) and name in _INFOS:
+    if isinstance(name, str) and (name in _INFOS or name in PYDOC_SETS):
         return name
     message = f"`dataset` must be one of {dataset_names()}. Received: dataset={name!r}"
     hint = did_you_mean(name, dataset_names(), ignore_case=True, cutoff=0.5)
@@ -127,9 +209,10 @@ def dataset_names():
     """Returns the names of the available datasets, sorted.
 
     Returns:
-        A list of str: `['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'mnist']`.
+        A list of str: `['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'imdb_reviews',
+        'mnist', 'pydoc', 'pydoc_words']`.
     """
-    return sorted(_INFOS)
+    return sorted([*_INFOS, *PYDOC_SETS])
 
 
 def get_info(name):
@@ -144,15 +227,18 @@ def get_info(name):
     Raises:
         ValueError: if `name` is not a known dataset.
     """
-    return _INFOS[_check_name(name)]
+    name = _check_name(name)
+    return _pydoc_info(name) if name in PYDOC_SETS else _INFOS[name]
 
 
 def check_available(name, data_dir=None, download=False):
     """Checks, without TensorFlow and without network, that `load` can read a dataset.
 
     A tensorflow-datasets dataset is available when it is prepared on disk, i.e. some
-    `<data_dir>/<name>/<version>/dataset_info.json` exists, or when `download=True` (then
-    `load` downloads and prepares it if needed). `digits` is always available.
+    `<data_dir>/<name>/<version>/dataset_info.json` exists (for `imdb_reviews`
+    `<data_dir>/imdb_reviews/plain_text/<version>/dataset_info.json`), or when
+    `download=True` (then `load` downloads and prepares it if needed). `digits`, `pydoc`
+    and `pydoc_words` are always available.
 
     Args:
         name: a dataset name, one of `dataset_names()`.
@@ -180,6 +266,21 @@ def default_data_dir():
     """
     default = os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
     return os.environ.get("TFDS_DATA_DIR", default)
+
+
+def tfds_name(name, version=None):
+    """Returns the name tensorflow-datasets knows a dataset by, e.g. for `tfds.load`.
+
+    Args:
+        name: a tensorflow-datasets set of `dataset_names()`.
+        version: None, or a prepared version such as `"1.0.0"`.
+
+    Returns:
+        `name`, with its builder config if it has one (`"imdb_reviews/plain_text"`) and
+        `":<version>"` when `version` is given.
+    """
+    full = f"{name}/{TFDS_CONFIGS[name]}" if name in TFDS_CONFIGS else name
+    return full if version is None else f"{full}:{version}"
 
 
 def _how_to_prepare(name):
@@ -212,8 +313,8 @@ def prepared_version(name, data_dir, download):
         name, data_dir, download: as for `check_available`.
 
     Returns:
-        A version string such as `"3.0.2"`, or None when nothing needs to be on disk:
-        `digits`, or `download=True`.
+        A version string such as `"3.0.2"`, or None when nothing needs to be on disk: a
+        bundled set (`digits`, `pydoc`, `pydoc_words`), or `download=True`.
 
     Raises:
         ValueError, TypeError, DatasetNotFoundError: as `check_available`.
@@ -230,11 +331,12 @@ def prepared_version(name, data_dir, download):
             f"Cannot load dataset {name!r}: {which} {root!r} does not exist (or is not a "
             f"directory), and download=False so nothing is downloaded. {_how_to_prepare(name)}"
         )
-    versions = _prepared_versions(os.path.join(root, name))
+    folder = os.path.join(root, *tfds_name(name).split("/"))
+    versions = _prepared_versions(folder)
     if not versions:
         raise DatasetNotFoundError(
             f"Dataset {name!r} is not prepared in {which} {root!r}: no "
-            f"{os.path.join(root, name, '<version>', 'dataset_info.json')!r} was found, and "
+            f"{os.path.join(folder, '<version>', 'dataset_info.json')!r} was found, and "
             f"download=False so nothing is downloaded. {_how_to_prepare(name)}"
         )
     return versions[-1]

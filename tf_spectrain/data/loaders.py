@@ -1,22 +1,18 @@
 """The `tf.data` loaders: a split as batches (`load`), epochs rebuilt from a seed
 (`load_epochs`), a whole split as arrays (`load_arrays`), and the epoch arithmetic.
 
-Each pipeline reads the raw examples (scikit-learn's digits or tensorflow-datasets),
+Each image pipeline reads the raw examples (scikit-learn's digits or tensorflow-datasets),
 shuffles, converts and augments them with `transforms.py`'s ops, normalises and batches.
+A text pipeline reads the token ids of `text.py` and only shuffles and batches them.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.data import transforms
-from tf_spectrain.data.catalog import (
-    check_data_dir,
-    check_split,
-    default_data_dir,
-    get_info,
-    prepared_version,
-)
+from tf_spectrain.data import text, transforms
+from tf_spectrain.data.catalog import check_data_dir, check_split, get_info
+from tf_spectrain.data.tfds_source import tfds_examples
 
 _MAX_SEED = 2**62
 _ARRAY_BATCH = 512
@@ -34,19 +30,17 @@ def _digits_source(split):
 
 def _tfds_source(name, split, data_dir, download):
     """A tensorflow-datasets split as a dataset of `(image, label)` (checked, offline)."""
-    import tensorflow_datasets as tfds
-
-    version = prepared_version(name, data_dir, download)
-    if version is not None:
-        # An explicit version makes tfds read the prepared files (any version) offline.
-        spec = f"{name}:{version}"
-        data_dir = default_data_dir() if data_dir is None else data_dir
-    else:
-        spec = name
-    examples = tfds.load(
-        spec, split=split, data_dir=data_dir, download=download, shuffle_files=False
-    )
+    examples = tfds_examples(name, split, data_dir, download)
     return examples.map(lambda example: (example["image"], example["label"]))
+
+
+def _text_arrays(info, split, data_dir, download):
+    """A text split's `(token ids, labels)` arrays (checked, offline)."""
+    if info.source == "embedded":
+        check_data_dir(data_dir)
+        checks.check_bool("download", download)
+        return text.pydoc_windows(info.name, split)
+    return text.imdb_arrays(split, data_dir, download)
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,19 +59,20 @@ def load(
     limit=None,
     augment=None,
 ):
-    """Returns a dataset of normalised `(images, labels)` batches.
+    """Returns a dataset of normalised `(images, labels)` batches, or `(tokens, labels)`.
 
     Training pipelines shuffle the whole split (a new order on each pass, deterministic
-    for `seed`) and augment (random crop after 4-pixel padding; left/right flip only for
-    `cifar10`, `cifar100`, `fashion_mnist`). Test pipelines keep the order of the split
-    and do not augment. The last, partial batch is kept. The training shuffle buffer holds
-    the whole split (about 150 MB of uint8 images for CIFAR); use `limit` for quick runs.
+    for `seed`) and augment images (random crop after 4-pixel padding; left/right flip
+    only for `cifar10`, `cifar100`, `fashion_mnist`). Test pipelines keep the order of the
+    split and do not augment. The last, partial batch is kept. The training shuffle buffer
+    holds the whole split (about 150 MB of uint8 images for CIFAR); use `limit` for quick
+    runs. Text sets are token ids as they are: never augmented nor normalised.
 
     Args:
         name: a dataset name, one of `dataset_names()`.
         split: `"train"` or `"test"`.
         batch_size: examples per batch, an int >= 1.
-        data_dir: tensorflow-datasets data directory (ignored for `digits`); None means
+        data_dir: tensorflow-datasets data directory (ignored for the bundled sets); None means
             tfds' default (`$TFDS_DATA_DIR`, else `~/tensorflow_datasets`).
         download: allow tensorflow-datasets to download and prepare the dataset. If False,
             a dataset that is not prepared in `data_dir` raises at once.
@@ -86,10 +81,12 @@ def load(
         limit: None, or an int >= 1: use only the first `limit` examples of the split
             (taken before shuffling).
         augment: apply the random crop (and flip). None means the value of `training`.
+            Ignored for text sets.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32 `[B, 32, 32, 3]` and int32
-        `[B]`, prefetched.
+        `[B]`, prefetched. For a text set `(tokens, labels)`: int32 `[B, seq_len]` and
+        int32 `[B]`, or `[B, seq_len]` for language modelling (see `DatasetInfo`).
 
     Raises:
         ValueError: for an unknown `name` or `split`, or a `batch_size`, `seed` or
@@ -110,12 +107,16 @@ def load(
     training = split == "train" if training is None else training
     augment = training if augment is None else augment
     examples, size = _source(info, split, data_dir, download, limit)
-    batches = _pass(examples, size, info.name, batch_size, seed, training, augment)
+    batches = _pass(examples, size, info, batch_size, seed, training, augment)
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
 def _source(info, split, data_dir, download, limit):
     """The split's raw examples (the first `limit`) and how many there are."""
+    if info.input_kind == "text":
+        inputs, labels = _text_arrays(info, split, data_dir, download)
+        inputs, labels = inputs[:limit], labels[:limit]
+        return tf.data.Dataset.from_tensor_slices((inputs, labels)), len(labels)
     if info.source == "sklearn":
         check_data_dir(data_dir)
         checks.check_bool("download", download)
@@ -129,14 +130,16 @@ def _source(info, split, data_dir, download, limit):
     return examples, size
 
 
-def _pass(examples, size, name, batch_size, seed, shuffle, augment, rerandomize=True):
-    """One pass over `examples`: shuffled, augmented, normalised, batched."""
+def _pass(examples, size, info, batch_size, seed, shuffle, augment, rerandomize=True):
+    """One pass over `examples`: shuffled, augmented and normalised (images), batched."""
     if shuffle:
         examples = examples.shuffle(size, seed=seed, reshuffle_each_iteration=rerandomize)
-    examples = examples.map(transforms.to_unit_rgb32, num_parallel_calls=tf.data.AUTOTUNE)
-    if augment:
-        examples = transforms.with_augmentation(examples, name, seed, rerandomize)
-    return transforms.normalised(examples, name).batch(batch_size, drop_remainder=False)
+    if info.input_kind == "image":
+        examples = examples.map(transforms.to_unit_rgb32, num_parallel_calls=tf.data.AUTOTUNE)
+        if augment:
+            examples = transforms.with_augmentation(examples, info.name, seed, rerandomize)
+        examples = transforms.normalised(examples, info.name)
+    return examples.batch(batch_size, drop_remainder=False)
 
 
 def epoch_seed(seed, epoch):
@@ -215,10 +218,11 @@ def load_epochs(
             number of batches of an epoch.
         seed: an int in [0, 2**62), the run's seed.
         data_dir, download, limit: as for `load`.
-        augment: apply the random crop (and flip), as for `load`.
+        augment: apply the random crop (and flip), as for `load` (ignored for text sets).
 
     Returns:
-        A finite `tf.data.Dataset` of `(images, labels)` batches, prefetched.
+        A finite `tf.data.Dataset` of `(images, labels)` (or `(tokens, labels)`) batches,
+        prefetched.
 
     Raises:
         ValueError, TypeError, DatasetNotFoundError: for bad arguments, as for `load`.
@@ -236,7 +240,7 @@ def load_epochs(
     dataset = None
     for epoch in range(start_epoch, epochs):
         one = _pass(
-            examples, size, info.name, batch_size, epoch_seed(seed, epoch), True, augment,
+            examples, size, info, batch_size, epoch_seed(seed, epoch), True, augment,
             rerandomize=False,
         )
         if epoch == start_epoch and skip_batches:
@@ -248,7 +252,8 @@ def load_epochs(
 def load_arrays(name, split, *, data_dir=None, download=False, limit=None):
     """Returns a whole split as normalised NumPy arrays, in order, without augmentation.
 
-    Meant for small sets and tests: a full CIFAR training split takes about 600 MB.
+    Meant for small sets and tests: a full CIFAR training split takes about 600 MB. A text
+    set gives its token ids and labels (read-only arrays, see `load`).
 
     Args:
         name: a dataset name, one of `dataset_names()`.
@@ -258,7 +263,8 @@ def load_arrays(name, split, *, data_dir=None, download=False, limit=None):
         limit: None, or an int >= 1: only the first `limit` examples.
 
     Returns:
-        `(x, y)`: float32 `[N, 32, 32, 3]` images and int32 `[N]` labels.
+        `(x, y)`: float32 `[N, 32, 32, 3]` images and int32 `[N]` labels; for a text set
+        int32 token ids `[N, seq_len]` and labels `[N]` (or `[N, seq_len]`).
 
     Raises:
         ValueError, TypeError, DatasetNotFoundError: as for `load`.
@@ -266,6 +272,9 @@ def load_arrays(name, split, *, data_dir=None, download=False, limit=None):
     info = get_info(name)
     check_split(split)
     checks.check_int("limit", limit, 1, none_ok=True)
+    if info.input_kind == "text":
+        inputs, labels = _text_arrays(info, split, data_dir, download)
+        return inputs[:limit], labels[:limit]
     if info.source == "sklearn":
         check_data_dir(data_dir)
         checks.check_bool("download", download)
