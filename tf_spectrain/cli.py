@@ -102,7 +102,8 @@ def build_parser():
         "pipelines of devices / replicas stages, each mini-batch is split evenly across "
         "them and each stage's gradients are summed over its copies before every update",
     )
-    add("dataset", help="dataset name")
+    add("dataset", help="dataset name; when not given, digits for image models and pydoc "
+        "for transformer_lm (the text classifiers need one, e.g. imdb_reviews)")
     add("data_dir", help="tensorflow-datasets data dir")
     add(
         "download",
@@ -449,11 +450,13 @@ def main(argv=None):
         return 0
     if result.get("export"):
         print(f"trained model saved to {result['export']}")
-    print(
-        f"test accuracy {result['test_accuracy']:.4f} | "
-        f"{result['images_per_second']:.1f} images/s | "
-        f"wall time {result['wall_time']:.1f} s | logs in {config.logdir}"
-    )
+    quality = f"test accuracy {result['test_accuracy']:.4f}"
+    if "test_perplexity" in result:
+        quality = (f"test loss {result['test_loss']:.4f} | test perplexity "
+                   f"{result['test_perplexity']:.2f} | token accuracy "
+                   f"{result['test_accuracy']:.4f}")
+    print(f"{quality} | {result['images_per_second']:.1f} {training.example_unit(config)}/s "
+          f"| wall time {result['wall_time']:.1f} s | logs in {config.logdir}")
     return 0
 
 

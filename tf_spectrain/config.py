@@ -23,6 +23,20 @@ MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
 SWITCHES = ("download", "graph", "histograms", "resume")
 
+# What the text models of the zoo learn; every other model classifies images. A local
+# table until the model registry says itself what input a model takes.
+TEXT_MODELS = {
+    "transformer_lm": "language_model",
+    "transformer_classifier": "text",
+    "residual_lstm": "text",
+}
+KINDS = {
+    "image": "classifies images",
+    "text": "classifies token sequences",
+    "language_model": "predicts the next token (language modelling)",
+}
+DEFAULT_DATASETS = {"image": "digits", "language_model": "pydoc"}  # none for "text"
+
 
 def flag(field):
     """Gives the command-line flag of a `RunConfig` field: `batch_size` -> `--batch-size`.
@@ -34,6 +48,45 @@ def flag(field):
         The flag, as a str.
     """
     return "--" + field.replace("_", "-")
+
+
+def model_kind(model):
+    """Tells what a model of the zoo learns, by its name.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        `"language_model"`, `"text"` (a classifier of token sequences) or `"image"` (every
+        other name).
+    """
+    return TEXT_MODELS.get(model, "image")
+
+
+def dataset_kind(dataset):
+    """Tells what a dataset teaches, in the words of `model_kind`.
+
+    Args:
+        dataset: a name of `data.dataset_names()`.
+
+    Returns:
+        `"language_model"`, `"text"` or `"image"`.
+    """
+    info = data.get_info(dataset)
+    return "language_model" if info.task == "language_model" else info.input_kind
+
+
+def default_dataset(model):
+    """Gives the dataset a run of `model` uses when `--dataset` is not given.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        `"digits"` for image models, `"pydoc"` for the language model, and None for the
+        text classifiers: no text classification set is bundled, so they need `--dataset`.
+    """
+    return DEFAULT_DATASETS.get(model_kind(model))
 
 
 def default_logdir(model, mode):
@@ -65,7 +118,10 @@ class ConfigTypeError(ConfigError, TypeError):
 class RunConfig:
     """The settings of one `train.py` run: each field is the flag of the same name.
 
-    See `python train.py --help` for what each one means. `verbose` is no flag: the Keras
+    See `python train.py --help` for what each one means. `dataset` None means the
+    model's default (`default_dataset`: `digits`, or `pydoc` for `transformer_lm`); the
+    model must fit the dataset (images, token sequences, or language modelling).
+    `verbose` is no flag: the Keras
     verbosity of `fit` ("auto", 0, 1 or 2). `cuts` is "auto" (planned from measured time,
     the default; None means the same) or the layer names. Building a `RunConfig` checks
     every field, turns `cuts` into a tuple and path-like paths into strings, and resolves the paths
@@ -89,7 +145,7 @@ class RunConfig:
     schedule: str = "gpipe"
     recompute: str = "auto"
     replicas: int = 1
-    dataset: str = "digits"
+    dataset: str | None = None  # None: default_dataset(model)
     data_dir: str | None = None
     download: bool = False
     # VGG16 on digits reaches about 94% test accuracy in 4 epochs (6.5 minutes on a 2-core
@@ -119,6 +175,8 @@ class RunConfig:
             object.__setattr__(self, "gpus", DEFAULT_GPUS)
         if self.cuts is None:
             object.__setattr__(self, "cuts", "auto")
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", default_dataset(self.model))
         if isinstance(self.cuts, list):
             object.__setattr__(self, "cuts", tuple(self.cuts))
         for name in PATH_FIELDS:
@@ -193,8 +251,15 @@ class _Problems(list):
 def _problems(config):
     """Every problem of `config`, in the order the flags are documented."""
     c, p = config, _Problems()
-    p.check(checks.check_one_of, "--model", c.model, models.model_names())
-    p.check(checks.check_one_of, "--dataset", c.dataset, data.dataset_names())
+    model_ok = p.check(checks.check_one_of, "--model", c.model, models.model_names())
+    if c.dataset is None:
+        if model_ok:
+            p.add(f"--model {c.model} {KINDS[model_kind(c.model)]} and needs a dataset of "
+                  f"labelled token sequences: give --dataset imdb_reviews (tensorflow-datasets,"
+                  f" prepared in --data-dir). The bundled pydoc sets teach language modelling, "
+                  f"for --model transformer_lm.")
+    elif p.check(checks.check_one_of, "--dataset", c.dataset, data.dataset_names()) and model_ok:
+        _check_model_fits_dataset(p, c)
     p.check(checks.check_one_of, "--mode", c.mode, modes.ALL_MODES)
     devices_ok = _check_devices(p, c)
     p.check(checks.check_int, "--epochs", c.epochs, 1)
@@ -222,6 +287,17 @@ def _problems(config):
         except FileNotFoundError as error:
             p.append(error)
     return p
+
+
+def _check_model_fits_dataset(p, c):
+    """--model learns what --dataset teaches: images, token sequences or the next token."""
+    model, dataset = model_kind(c.model), dataset_kind(c.dataset)
+    if model != dataset:
+        fitting = [name for name in data.dataset_names() if dataset_kind(name) == model]
+        p.add(f"--dataset {c.dataset} does not fit --model {c.model}: the model "
+              f"{KINDS[model]}, the dataset is for a model that {KINDS[dataset]}. Use "
+              f"--dataset {', '.join(fitting)}, or another model. Received: --model "
+              f"{c.model} --dataset {c.dataset}")
 
 
 def _check_devices(p, c):

@@ -6,6 +6,7 @@
 """
 
 import dataclasses
+import math
 import os
 import time
 import warnings
@@ -100,6 +101,11 @@ def prepare(config):
     `spectrain` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see SPECTRAIN.md). With
     `resume`, the newest checkpoint is restored (with this run's `--lr`); without it, a
     checkpoint directory that already holds checkpoints is refused (when checkpoints are on).
+    The model is built for the dataset: `models.get_model(config.model, info.input_shape,
+    info.num_classes, **info.model_options())` with `info = data.get_info(config.dataset)`
+    (a language model's `num_classes` is its vocabulary; a text classifier also gets
+    `vocab_size`), and compiled with cross-entropy on logits, per token for language
+    modelling.
 
     Args:
         config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`), or an object
@@ -129,6 +135,7 @@ def prepare(config):
             device_names = devices.setup_devices(config.gpus)
     keras.utils.set_random_seed(config.seed)
     info = data.get_info(config.dataset)
+    options = info.model_options()  # what a text model needs beyond shapes and classes
     test_ds = data.load(
         config.dataset, "test", batch_size=config.batch_size, data_dir=config.data_dir,
         download=config.download, limit=config.limit,
@@ -144,7 +151,7 @@ def prepare(config):
             cuts = saved
             print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
     trainer = trainers.build_trainer(
-        lambda: models.get_model(config.model, info.image_shape, info.num_classes),
+        lambda: models.get_model(config.model, info.input_shape, info.num_classes, **options),
         config.mode,
         device_names,
         learning_rate=config.lr,
@@ -174,6 +181,18 @@ def prepare(config):
     return run
 
 
+def example_unit(config):
+    """Names the examples of the run's dataset: `"images"` or `"sequences"`.
+
+    Args:
+        config: the run's `RunConfig`.
+
+    Returns:
+        The plural noun, for messages.
+    """
+    return "images" if data.get_info(config.dataset).input_kind == "image" else "sequences"
+
+
 def describe(run):
     """Describes in one line what will be trained where, e.g. the pipeline's stages and cuts.
 
@@ -184,7 +203,8 @@ def describe(run):
         The line (with the checkpoint and position when the run resumes).
     """
     config = run.config
-    what = f"{config.model} on {config.dataset} ({run.num_train} training images)"
+    what = (f"{config.model} on {config.dataset} ({run.num_train} training "
+            f"{example_unit(config)})")
     if config.precision != "float32":
         what += f" in {config.precision}"
     if isinstance(run.trainer, PipelineModel):
@@ -276,7 +296,10 @@ def train(run):
         `telemetry` (the `Telemetry` callback), `wall_time` (s, from the start of
         `prepare`) and, for pipelines, `cuts`. When interrupted it also has `stopped_at`
         (`(epoch, mini-batches done, mini-batches per epoch)`); otherwise `test_accuracy`,
-        `test_loss` and, unless `--export none`, `export` (the saved model's path).
+        `test_loss` and, unless `--export none`, `export` (the saved model's path). For a
+        language-modelling dataset the loss and accuracy are per token, and the result also
+        has `test_perplexity`, `exp(test_loss)`. `images_per_second` counts examples
+        (token sequences for a text set).
 
     Raises:
         NonFiniteLossError: training met a non-finite loss with `--on-nan stop`.
@@ -345,6 +368,9 @@ def train(run):
         return result
     test_loss, test_accuracy = run.trainer.evaluate(run.test_ds, verbose=0)
     result.update(test_accuracy=float(test_accuracy), test_loss=float(test_loss))
+    if data.get_info(config.dataset).task == "language_model":
+        # The loss is the mean cross-entropy per token (accuracy is per token too).
+        result["test_perplexity"] = math.exp(test_loss)
     if config.export != "none":
         export_model(run.model, config.export)
         result["export"] = config.export
