@@ -26,13 +26,21 @@ def private_tempdir(tmp_path, monkeypatch):
 # Names and info.
 
 
+IMAGE_NAMES = ["cifar10", "cifar100", "digits", "fashion_mnist", "mnist"]
+TEXT_NAMES = ["imdb_reviews", "pydoc", "pydoc_words"]  # tested in test_text_data.py
+
+
 def test_dataset_names_and_info():
     names = data.dataset_names()
-    assert names == sorted(["cifar10", "cifar100", "digits", "fashion_mnist", "mnist"])
-    for name in names:
+    assert names == sorted(IMAGE_NAMES + TEXT_NAMES)
+    for name in IMAGE_NAMES:
         info = data.get_info(name)
         assert info.name == name
-        assert info.image_shape == (32, 32, 3)
+        assert info.image_shape == info.input_shape == (32, 32, 3)
+        assert (info.input_kind, info.input_dtype, info.task) == ("image", "float32",
+                                                                  "classification")
+        assert info.vocab_size is None and info.label_shape == ()
+        assert info.model_options() == {}
         assert info.source == ("sklearn" if name == "digits" else "tfds")
     with pytest.raises(AttributeError):
         data.get_info("mnist").num_classes = 3  # frozen

@@ -13,6 +13,7 @@ from tf_spectrain import data
 PUBLIC = [
     "IMAGE_SIZE", "DatasetInfo", "DatasetNotFoundError", "check_available", "dataset_names",
     "epoch_seed", "get_info", "load", "load_arrays", "load_epochs", "steps_per_epoch",
+    "imdb_vectorizer",
 ]
 
 
@@ -28,10 +29,24 @@ def test_every_public_name_is_exported():
 def test_docstring_table_matches_the_catalog():
     rows = re.findall(r"^\| `(\w+)` +\| (\d+) +\| ([\d,]+) +\| ([\d,]+) +\| (.+?) +\|$",
                       data.__doc__, flags=re.M)
-    assert sorted(row[0] for row in rows) == data.dataset_names()
+    images = [name for name in data.dataset_names() if data.get_info(name).input_kind == "image"]
+    assert sorted(row[0] for row in rows) == images
     for name, classes, train, test, source in rows:
         info = data.get_info(name)
         assert (info.num_classes, info.num_train, info.num_test) == (
             int(classes), int(train.replace(",", "")), int(test.replace(",", ""))
         )
         assert source.startswith("scikit-learn" if info.source == "sklearn" else "tensorflow")
+
+
+def test_docstring_text_table_matches_the_catalog():
+    rows = re.findall(r"^\| `(\w+)` +\| [^|]+\| ([\d,]+) +\| (\d+) +\| ~?([\d,]+) +\| "
+                      r"~?([\d,]+) +\| [^|]+\|$", data.__doc__, flags=re.M)
+    texts = [name for name in data.dataset_names() if data.get_info(name).input_kind == "text"]
+    assert sorted(row[0] for row in rows) == texts
+    for name, vocab, seq_len, train, test in rows:
+        info = data.get_info(name)
+        assert (info.vocab_size, info.seq_len) == (int(vocab.replace(",", "")), int(seq_len))
+        # The pydoc counts ("~") are Python 3.11's; the text changes a little with versions.
+        for count, documented in ((info.num_train, train), (info.num_test, test)):
+            assert abs(count - int(documented.replace(",", ""))) <= 0.1 * count
