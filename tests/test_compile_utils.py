@@ -225,4 +225,5 @@ def test_spectrain_clone_keeps_a_callable_learning_rate_and_decay_exclusions():
     assert inner is not original
     assert inner._learning_rate is rate
     assert inner._exclude_from_weight_decay == original._exclude_from_weight_decay
-    assert original._exclude_from_weight_decay  # exclude_from_weight_decay reached it
+    pattern = original._exclude_from_weight_decay_pattern  # the wrapper passed it on
+    assert pattern and inner._exclude_from_weight_decay_pattern == pattern
