@@ -80,6 +80,8 @@ def parse_args(argv):
     p.add_argument("--epochs", type=common.positive_int)
     p.add_argument("--limit", type=common.positive_int, help="training examples to use")
     p.add_argument("--batch-size", type=common.positive_int, default=32)
+    p.add_argument("--optimizer", choices=common.OPTIMIZERS, default="sgd",
+                   help="momentum SGD (0.9) or AdamW; its default weight decay (5e-4, 0.01)")
     p.add_argument("--reference-seeds", type=common.non_negative_int,
                    help="run sync on only the first this many seeds (0: all)")
     p.add_argument("--workers", type=common.non_negative_int,
@@ -96,7 +98,8 @@ def parse_args(argv):
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.setting = setting
-    args.work_dir = args.work_dir or os.path.join("runs", "benchmarks", f"accuracy-{setting}")
+    suffix = setting if args.optimizer == "sgd" else f"{setting}-{args.optimizer}"
+    args.work_dir = args.work_dir or os.path.join("runs", "benchmarks", f"accuracy-{suffix}")
     args.plot = args.plot or os.path.join(args.work_dir, "accuracy.png")
     args.plot_loss = args.plot_loss or os.path.splitext(args.plot)[0] + "-loss.png"
     return args
@@ -127,6 +130,7 @@ def grid(args):
                         specs.append(common.RunSpec(
                             model, config, n, lr, seed, args.epochs,
                             batch_size=args.batch_size, limit=args.limit,
+                            **common.optimizer_settings(args.optimizer),
                         ))
     return specs
 

@@ -213,6 +213,15 @@ def balanced_cuts(model, num_stages):
 # --- training runs -----------------------------------------------------------------------
 
 
+OPTIMIZERS = ("sgd", "adamw")  # trainers.OPTIMIZERS (this module imports no TensorFlow)
+_WEIGHT_DECAY = {"sgd": 5e-4, "adamw": 0.01}  # trainers.DEFAULT_WEIGHT_DECAY
+
+
+def optimizer_settings(optimizer):
+    """The `RunSpec` fields of `optimizer`: its name and its default weight decay."""
+    return dict(optimizer=optimizer, weight_decay=_WEIGHT_DECAY[optimizer])
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """One training run.
@@ -221,7 +230,7 @@ class RunSpec:
         model: a name of `MODEL_NAMES`.
         config: a label of `CONFIGS` (mode and SpecTrain target).
         stages: pipeline stages; for `dp` the replicas; ignored by `single` (1).
-        lr: the learning rate of momentum SGD.
+        lr: the learning rate.
         seed: initial weights and data order.
         epochs: training epochs.
         batch_size: mini-batch size.
@@ -230,6 +239,8 @@ class RunSpec:
         weight_decay: Keras' weight decay (0: none).
         precision: the Keras dtype policy the model trains under (`float32`,
             `mixed_bfloat16`; `trainers.PRECISIONS`).
+        optimizer: `"sgd"` (momentum SGD) or `"adamw"` (`trainers.OPTIMIZERS`; spectrain
+            predicts with `SpecTrain(AdamW)`, docs/SPECTRAIN.md section 6c).
     """
 
     model: str
@@ -243,12 +254,15 @@ class RunSpec:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     precision: str = "float32"
+    optimizer: str = "sgd"
 
     @property
     def trainer_key(self):
         """Runs with the same key share one trainer (same graph, same cuts)."""
         key = (self.model, self.config, self.stages)
-        return key if self.precision == "float32" else key + (self.precision,)
+        if self.precision != "float32":
+            key += (self.precision,)
+        return key if self.optimizer == "sgd" else key + (self.optimizer,)
 
     def as_dict(self):
         """The fields as a dict (JSON-ready)."""
@@ -313,6 +327,7 @@ class Runner:
             mode,
             self.devices[: spec.stages],
             learning_rate=spec.lr,
+            optimizer=spec.optimizer,
             momentum=spec.momentum,
             weight_decay=spec.weight_decay,
             cuts=lambda model: balanced_cuts(model, spec.stages)[0],

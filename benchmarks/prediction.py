@@ -56,6 +56,8 @@ def parse_args(argv):
                    help="measure every this many mini-batches (Telemetry prediction_every)")
     p.add_argument("--limit", type=common.positive_int, help="training examples to use")
     p.add_argument("--batch-size", type=common.positive_int, default=32)
+    p.add_argument("--optimizer", choices=common.OPTIMIZERS, default="sgd",
+                   help="momentum SGD (0.9) or AdamW; its default weight decay (5e-4, 0.01)")
     p.add_argument("--work-dir", help="default runs/benchmarks/prediction-<quick|full>")
     p.add_argument("--plot", help="ratio PNG (default <work-dir>/prediction.png)")
     p.add_argument("--plot-distance", help="distance PNG (default <work-dir>/staleness.png)")
@@ -66,7 +68,8 @@ def parse_args(argv):
     for name, value in SETTINGS[setting].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.work_dir = args.work_dir or os.path.join("runs", "benchmarks", f"prediction-{setting}")
+    suffix = setting if args.optimizer == "sgd" else f"{setting}-{args.optimizer}"
+    args.work_dir = args.work_dir or os.path.join("runs", "benchmarks", f"prediction-{suffix}")
     args.plot = args.plot or os.path.join(args.work_dir, "prediction.png")
     args.plot_distance = args.plot_distance or os.path.join(args.work_dir, "staleness.png")
     return args
@@ -100,7 +103,8 @@ def run_all(args):
             for n in args.stages:
                 for config in args.configs:
                     spec = common.RunSpec(model, config, n, lr, args.seed, args.epochs,
-                                          batch_size=args.batch_size, limit=args.limit)
+                                          batch_size=args.batch_size, limit=args.limit,
+                                          **common.optimizer_settings(args.optimizer))
                     with tempfile.TemporaryDirectory() as logdir:
                         result, found = measure(runner, spec, args.every, logdir)
                     common.append_jsonl(path, {"spec": spec.as_dict(), "result": result,
@@ -136,8 +140,10 @@ def mean_by(measurements, value, *keys):
 
 
 def _label(spec):
-    return f"{spec.config}, N={spec.stages}, lr {spec.lr:g}" + (
-        f" ({spec.model})" if spec.model != "vgg" else "")
+    label = f"{spec.config}, N={spec.stages}, lr {spec.lr:g}"
+    if spec.optimizer != "sgd":
+        label += f", {spec.optimizer}"
+    return label + (f" ({spec.model})" if spec.model != "vgg" else "")
 
 
 def ratio_table(runs):

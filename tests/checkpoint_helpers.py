@@ -25,10 +25,10 @@ def tiny_model(seed=0, width=12):
     return keras.Model(inputs, outputs, name="tiny")
 
 
-def pipeline(mode="spectrain", cuts=("dense0", "bn"), width=12):
+def pipeline(mode="spectrain", cuts=("dense0", "bn"), width=12, optimizer=None):
     pipe = PipelineModel(tiny_model(width=width), cuts=list(cuts), mode=mode)
     pipe.compile(
-        SpecTrainSGD(0.05, momentum=0.9, weight_decay=1e-3),
+        optimizer() if optimizer else SpecTrainSGD(0.05, momentum=0.9, weight_decay=1e-3),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         ["accuracy"],
     )

@@ -443,3 +443,12 @@ def test_synthetic_images_are_fixed_batches_without_an_autotuner():
     again = [x.numpy() for x, _ in common.synthetic_images(batch_size=4, steps=3)]
     np.testing.assert_array_equal(batches[0][0], again[0])  # the same data in every process
     assert all(0 <= y.min() and y.max() < 10 for _, y in batches)
+
+
+def test_benchmark_optimizers_are_the_trainers():
+    from tf_spectrain import trainers
+
+    assert common.OPTIMIZERS == trainers.OPTIMIZERS
+    for name in common.OPTIMIZERS:
+        settings = common.optimizer_settings(name)
+        assert settings == dict(optimizer=name, weight_decay=trainers.DEFAULT_WEIGHT_DECAY[name])

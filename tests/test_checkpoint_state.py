@@ -30,15 +30,27 @@ from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
 
-@pytest.mark.parametrize("mode", ["spectrain", "stash", "vanilla"])
-def test_resumed_after_epoch_e_equals_uninterrupted(mode, tmp_path):
-    whole = pipeline(mode)
+def _adamw():
+    return keras.optimizers.AdamW(3e-3, weight_decay=1e-2)
+
+
+def _rmsprop():  # SpecTrain keeps its last update in a slot of its own
+    return keras.optimizers.RMSprop(1e-3)
+
+
+@pytest.mark.parametrize(
+    "mode, optimizer",
+    [("spectrain", None), ("stash", None), ("vanilla", None), ("spectrain", _adamw),
+     ("spectrain", _rmsprop)],
+)
+def test_resumed_after_epoch_e_equals_uninterrupted(mode, optimizer, tmp_path):
+    whole = pipeline(mode, optimizer=optimizer)
     train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
     paths = checkpoint_store.list_checkpoints(tmp_path)
     assert [os.path.basename(p) for p in paths] == [
         f"ckpt-e{e:04d}-b000000" for e in range(1, EPOCHS + 1)
     ]
-    resumed = pipeline(mode)  # a fresh pipeline, initialised the same way
+    resumed = pipeline(mode, optimizer=optimizer)  # a fresh one, initialised the same way
     info = restore_checkpoint(resumed, paths[0])
     assert (info["epoch"], info["batch"]) == (1, 0)
     train(resumed, info["epoch"], EPOCHS)

@@ -221,5 +221,9 @@ def test_spectrain_clone_keeps_a_callable_learning_rate_and_decay_exclusions():
     optimizer = SpecTrainSGD(rate, momentum=0.9, weight_decay=1e-3)
     optimizer.exclude_from_weight_decay(var_names=["bias"])
     clone = clone_optimizer(optimizer)
-    assert clone._learning_rate is rate
-    assert clone._exclude_from_weight_decay == optimizer._exclude_from_weight_decay
+    inner, original = clone.inner_optimizer, optimizer.inner_optimizer
+    assert inner is not original
+    assert inner._learning_rate is rate
+    assert inner._exclude_from_weight_decay == original._exclude_from_weight_decay
+    pattern = original._exclude_from_weight_decay_pattern  # the wrapper passed it on
+    assert pattern and inner._exclude_from_weight_decay_pattern == pattern

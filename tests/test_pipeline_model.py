@@ -599,10 +599,20 @@ def test_constructor_rejects_bad_arguments(kwargs, error, pattern):
         PipelineModel(**args)
 
 
-def test_spectrain_needs_spectrain_sgd():
-    pipe = PipelineModel(make_mlp(), cuts=["dense1"], mode="spectrain")
-    with pytest.raises(TypeError, match=r"SpecTrainSGD.*Received: optimizer=SGD"):
-        pipe.compile(optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM), loss=loss_fn())
+def test_spectrain_wraps_a_plain_keras_optimizer_and_trains_as_spectrain_sgd():
+    # compile wraps Keras' SGD in SpecTrain; its momentum rule is SpecTrainSGD's, so the
+    # two pipelines take the same steps (a different d, e.g. the last update, would not).
+    x, y = _mlp_data(4)
+    weights = []
+    for optimizer in (keras.optimizers.SGD(LR, momentum=MOMENTUM),
+                      SpecTrainSGD(LR, momentum=MOMENTUM)):
+        pipe = compiled_pipe(make_mlp(), cuts=["dense1"], optimizer=optimizer)
+        assert all(isinstance(r.optimizer, tf_spectrain.SpecTrain) for r in pipe.runners)
+        pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        weights.append([np.array(w) for w in pipe.model.get_weights()])
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert pipe.runners[0].optimizer.rule == "momentum"
 
 
 def test_fit_before_compile_is_an_error():

@@ -19,18 +19,20 @@ from tf_spectrain import (
     data,
     models,
     partition,
+    prediction,
     schedule,
 )
 from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.devices import setup_devices
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
+from tf_spectrain.prediction import SpecTrain, SpecTrainSGD
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NonFiniteLossError",
     "PipelineModel",
+    "SpecTrain",
     "SpecTrainSGD",
     "callbacks",
     "checkpoint",
@@ -41,6 +43,7 @@ __all__ = [
     "data",
     "models",
     "partition",
+    "prediction",
     "schedule",
     "setup_devices",
     "__version__",

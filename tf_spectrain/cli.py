@@ -37,6 +37,15 @@ MODE_HELP = (
 )
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default in its help, unless it is None (the help then says it)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser():
     """Returns the `argparse.ArgumentParser` of `train.py` (defaults: `RunConfig`'s)."""
     p = argparse.ArgumentParser(
@@ -46,7 +55,7 @@ def build_parser():
             "Train a Keras model on several devices. Without GPUs the CPU is split into "
             "logical devices, so every mode runs anywhere."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsFormatter,
     )
 
     def add(name, **kwargs):
@@ -112,9 +121,12 @@ def build_parser():
     )
     add("epochs", type=int, help="training epochs")
     add("batch_size", type=int, help="mini-batch size (global)")
-    add("lr", type=float, help="learning rate")
-    add("momentum", type=float, help="SGD momentum")
-    add("weight_decay", type=float, help="weight decay (0: none)")
+    add("optimizer", help="'sgd' (momentum SGD) or 'adamw'; in spectrain mode either "
+        "predicts the weights from its own next update (docs/SPECTRAIN.md section 6c)")
+    add("lr", type=float, help="learning rate (default: 0.01 with sgd, 0.001 with adamw)")
+    add("momentum", type=float, help="SGD momentum (sgd only)")
+    add("weight_decay", type=float,
+        help="decoupled weight decay, 0: none (default: 5e-4 with sgd, 0.01 with adamw)")
     add("precision", help="Keras dtype policy of the model: float32, mixed_bfloat16 or "
         "mixed_float16 (float16 compute with dynamic loss scaling); variables stay float32")
     add("seed", type=int, help="random seed (weights, data order)")

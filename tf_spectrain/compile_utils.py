@@ -2,6 +2,8 @@
 
 import keras
 
+from tf_spectrain import prediction
+
 _ACCURACY = ("accuracy", "acc")
 
 
@@ -140,9 +142,8 @@ def resolve_optimizer(optimizer):
 def clone_optimizer(optimizer):
     """Builds a fresh optimizer with the same configuration (each stage gets its own).
 
-    `SpecTrainSGD.clone_for_stage` keeps what a config round trip would lose (callable
-    or unregistered learning-rate schedules, weight-decay exclusions); other optimizers
-    are rebuilt from their config.
+    See `tf_spectrain.prediction.clone_optimizer`: a callable or unregistered learning-rate
+    schedule is shared and weight-decay exclusions carry over.
 
     Args:
         optimizer: a Keras optimizer.
@@ -150,9 +151,7 @@ def clone_optimizer(optimizer):
     Returns:
         A new, unbuilt optimizer of the same class and configuration.
     """
-    if hasattr(optimizer, "clone_for_stage"):
-        return optimizer.clone_for_stage()
-    return optimizer.__class__.from_config(optimizer.get_config())
+    return prediction.clone_optimizer(optimizer)
 
 
 def check_clipping(optimizer, mode):

@@ -13,7 +13,7 @@ import time
 
 from tf_spectrain import checks, data, input_checks, models, modes
 from tf_spectrain.cluster import spec as cluster_spec
-from tf_spectrain.trainers import PRECISIONS
+from tf_spectrain.trainers import DEFAULT_LR, DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PRECISIONS
 
 ON_NAN = modes.ON_NAN
 MAX_DEVICES = 64
@@ -152,9 +152,10 @@ class RunConfig:
     # CPU as a 4-stage SpecTrain pipeline).
     epochs: int = 4
     batch_size: int = 32
-    lr: float = 0.01
+    optimizer: str = "sgd"
+    lr: float | None = None  # None: trainers.DEFAULT_LR of the optimizer
     momentum: float = 0.9
-    weight_decay: float = 5e-4
+    weight_decay: float | None = None  # None: trainers.DEFAULT_WEIGHT_DECAY of the optimizer
     precision: str = "float32"
     seed: int = 0
     limit: int | None = None
@@ -171,6 +172,11 @@ class RunConfig:
     verbose: int | str = "auto"
 
     def __post_init__(self):
+        if self.optimizer in OPTIMIZERS:
+            if self.lr is None:
+                object.__setattr__(self, "lr", DEFAULT_LR[self.optimizer])
+            if self.weight_decay is None:
+                object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY[self.optimizer])
         if self.gpus is None and self.cluster is None:
             object.__setattr__(self, "gpus", DEFAULT_GPUS)
         if self.cuts is None:
@@ -268,6 +274,7 @@ def _problems(config):
     _check_pipeline_flags(p, c, batch_ok, devices_ok)
     if c.limit is not None:
         p.check(checks.check_int, "--limit", c.limit, 1)
+    p.check(checks.check_one_of, "--optimizer", c.optimizer, OPTIMIZERS)
     p.check(checks.check_number, "--lr", c.lr, 0, strict=True)
     p.check(checks.check_number, "--momentum", c.momentum, 0, 1, valid="in [0, 1)",
             meaning="0 <= momentum < 1")

@@ -19,8 +19,8 @@ from tf_spectrain import autocuts, batching, checks, compile_utils, input_checks
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
 from tf_spectrain.model_memory import warn_if_model_on_stage_device
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
+from tf_spectrain.prediction import SpecTrain
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime import replicas as replicas_lib
@@ -265,7 +265,10 @@ class PipelineModel:
 
         Args:
             optimizer: a Keras optimizer (or its name). Each stage gets its own copy,
-                built on its device. `mode="spectrain"` needs a `tf_spectrain.SpecTrainSGD`.
+                built on its device. `mode="spectrain"` predicts with
+                `tf_spectrain.SpecTrain(optimizer)` and wraps an optimizer that is not
+                wrapped yet (`"adamw"`, `keras.optimizers.AdamW(3e-3)`); a
+                `LossScaleOptimizer`'s inner optimizer is wrapped.
                 `clipnorm` and `clipvalue` clip each variable's gradient, in every mode;
                 `global_clipnorm` (sync mode only) clips by the norm over all stages, as
                 Keras does over the whole model.
@@ -291,7 +294,7 @@ class PipelineModel:
         than one output has a loss.
 
         Raises:
-            TypeError: `mode="spectrain"` without a `SpecTrainSGD`, or `metrics` not a list.
+            TypeError: `metrics` not a list.
             ValueError: a missing or unknown optimizer, loss or metric, a list of losses,
                 weights or metrics that does not fit the outputs (or a dict naming
                 something that is not an output), `loss_weights` for a model with one
@@ -301,12 +304,8 @@ class PipelineModel:
         given = compile_utils.resolve_optimizer(optimizer)
         optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
-        if self.mode == "spectrain" and not isinstance(optimizer, SpecTrainSGD):
-            raise TypeError(
-                "mode='spectrain' predicts weights from the optimizer's momentum and needs "
-                "`tf_spectrain.SpecTrainSGD`. Received: "
-                f"optimizer={type(optimizer).__name__}"
-            )
+        if self.mode == "spectrain" and not isinstance(optimizer, SpecTrain):
+            optimizer = SpecTrain(optimizer)  # predicts from the optimizer's own update
         compile_utils.check_clipping(optimizer, self.mode)
         if is_multi_output(self.model):
             self.loss = OutputLoss(self.model, loss, loss_weights)

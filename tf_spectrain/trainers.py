@@ -3,11 +3,12 @@
 `train.py` (`tf_spectrain.training`) and the benchmarks build their trainers here, so a
 mode means the same model, optimizer and placement everywhere:
 
-- `single`: the model on the first device, `keras.optimizers.SGD`;
-- `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`, SGD;
+- `single`: the model on the first device, `keras.optimizers.SGD` (or AdamW);
+- `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`;
 - a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
-  `SpecTrainSGD` in every stage, the model built on `/CPU:0` when the devices are not
-  all CPUs (the stages are placed copies).
+  `SpecTrainSGD` (or AdamW, wrapped in `SpecTrain` in spectrain mode) in every stage, the
+  model built on `/CPU:0` when the devices are not all CPUs (the stages are placed
+  copies).
 
 Every mode builds its model under the Keras dtype policy `precision` (`PRECISIONS`).
 """
@@ -47,6 +48,13 @@ def precision_policy(precision):
         keras.mixed_precision.set_global_policy(previous)
 
 
+OPTIMIZERS = ("sgd", "adamw")
+# The default learning rate and weight decay of each optimizer (train.py's --lr and
+# --weight-decay): SGD's suit the image models, AdamW's the text models.
+DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
+DEFAULT_WEIGHT_DECAY = {"sgd": 5e-4, "adamw": 0.01}
+
+
 def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
     """Builds momentum SGD of class `cls`; a `weight_decay` of 0 means none (as None does).
 
@@ -62,12 +70,39 @@ def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
     return cls(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay or None)
 
 
+def make_optimizer(name, learning_rate, momentum=0.0, weight_decay=None, pipeline=False):
+    """Builds the optimizer `name` of `OPTIMIZERS` with a run's settings.
+
+    Args:
+        name: `"sgd"` (momentum SGD: `SpecTrainSGD` for a pipeline, Keras' SGD otherwise)
+            or `"adamw"` (Keras' AdamW, its `beta_1`, `beta_2` and `epsilon` the defaults;
+            a pipeline in `spectrain` mode wraps it in `tf_spectrain.SpecTrain`).
+        learning_rate: the learning rate.
+        momentum: SGD's momentum (not used by AdamW).
+        weight_decay: the (decoupled) weight decay, or 0 or None for none.
+        pipeline: whether the optimizer is for a `PipelineModel`.
+
+    Returns:
+        A new Keras optimizer.
+
+    Raises:
+        ValueError: an unknown `name`.
+    """
+    checks.check_one_of("optimizer", name, OPTIMIZERS)
+    if name == "adamw":
+        return keras.optimizers.AdamW(learning_rate=learning_rate,
+                                      weight_decay=weight_decay or None)
+    cls = SpecTrainSGD if pipeline else keras.optimizers.SGD
+    return sgd(cls, learning_rate, momentum, weight_decay)
+
+
 def build_trainer(
     build_model,
     mode,
     devices,
     *,
     learning_rate,
+    optimizer="sgd",
     momentum=0.0,
     weight_decay=None,
     cuts="auto",
@@ -94,8 +129,9 @@ def build_trainer(
         mode: one of `modes.ALL_MODES`.
         devices: the device names: the first for `single`, the replicas for `dp`, one per
             stage for a pipeline.
-        learning_rate, momentum, weight_decay: the momentum SGD settings (a weight decay of
-            0 or None: none).
+        learning_rate: the learning rate.
+        optimizer: `"sgd"` or `"adamw"` (see `make_optimizer`).
+        momentum, weight_decay: SGD's momentum, and the weight decay (0 or None: none).
         cuts: pipelines: the cut layer names, or a function of the model that returns them,
             or "auto" (or None) for cuts planned from measured time at `batch_size`
             (`PipelineModel(cuts="auto")`).
@@ -112,13 +148,14 @@ def build_trainer(
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
 
     Raises:
-        ValueError: for an unknown mode or precision, or no devices (and what
+        ValueError: for an unknown mode, optimizer or precision, or no devices (and what
             `PipelineModel` raises).
         TypeError: if `build_model` is not a function (a model is not) or `devices` not a
             list or tuple.
     """
     checks.check_one_of("mode", mode, modes.ALL_MODES)
     checks.check_one_of("precision", precision, PRECISIONS)
+    checks.check_one_of("optimizer", optimizer, OPTIMIZERS)
     if isinstance(build_model, keras.Model) or not callable(build_model):
         raise TypeError(
             "`build_model` must be a function of no arguments that returns a new "
@@ -129,6 +166,7 @@ def build_trainer(
         raise ValueError("`devices` must name at least one device. Received: devices=[]")
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss is None else loss
     settings = dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
+    settings = dict(settings, name=optimizer)
     if mode in modes.BASELINES:
         scope = (
             tf.distribute.MirroredStrategy(devices).scope()
@@ -138,7 +176,7 @@ def build_trainer(
         with scope:
             with precision_policy(precision):
                 model = build_model()
-            model.compile(optimizer=sgd(keras.optimizers.SGD, **settings), loss=loss,
+            model.compile(optimizer=make_optimizer(**settings), loss=loss,
                           metrics=metrics)
         return model
     build_device = model_memory.model_build_device(devices)
@@ -161,7 +199,7 @@ def build_trainer(
         replicas=replicas,
         profile_batch_size=max(1, batch_size // replicas),  # what each replica runs
     )
-    pipe.compile(optimizer=sgd(SpecTrainSGD, **settings), loss=loss, metrics=metrics)
+    pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics)
     return pipe
 
 

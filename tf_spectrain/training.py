@@ -46,19 +46,6 @@ class Run:
     phase: str = "prepared"  # then "training", then "finishing" (evaluation and export)
 
 
-def make_sgd(config, cls=keras.optimizers.SGD):
-    """Builds momentum SGD of class `cls` with the run's `lr`, `momentum` and `weight_decay`.
-
-    Args:
-        config: the run's `RunConfig`.
-        cls: the optimizer class (`keras.optimizers.SGD` or `SpecTrainSGD`).
-
-    Returns:
-        The optimizer (a weight decay of 0 means none).
-    """
-    return trainers.sgd(cls, config.lr, config.momentum, config.weight_decay)
-
-
 def run_facts(config):
     """Gives the settings a checkpoint records and a resumed run must share.
 
@@ -67,8 +54,9 @@ def run_facts(config):
 
     Returns:
         A dict of `model_name`, `dataset`, `batch_size`, `limit` and `seed` (they fix the
-        model and the data order), and `precision` when it is not float32 (so that the
-        checkpoints of float32 runs, written before `--precision` existed, still resume).
+        model and the data order), and `precision` when it is not float32 and `optimizer`
+        when it is not sgd (so that the checkpoints of earlier runs, written before these
+        flags existed, still resume).
     """
     facts = {
         "model_name": config.model,
@@ -79,6 +67,8 @@ def run_facts(config):
     }
     if config.precision != "float32":
         facts["precision"] = config.precision
+    if config.optimizer != "sgd":
+        facts["optimizer"] = config.optimizer
     return facts
 
 
@@ -155,6 +145,7 @@ def prepare(config):
         config.mode,
         device_names,
         learning_rate=config.lr,
+        optimizer=config.optimizer,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         cuts=cuts,

@@ -21,7 +21,7 @@ import contextlib
 import keras
 import numpy as np
 
-from tf_spectrain import trainers
+from tf_spectrain import prediction, trainers
 from tf_spectrain.checkpoint import compat, store
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
@@ -141,7 +141,7 @@ def describe_run(trainer):
         "kind": "pipeline" if pipeline else "keras",
         "model": model.name,
         "architecture": architecture,
-        "optimizer": type(optimizer).__name__,
+        "optimizer": _optimizer_name(optimizer),
     }
     if pipeline:
         info.update(
@@ -154,6 +154,13 @@ def describe_run(trainer):
         if trainer.runners[-1].loss_scale is not None:
             info["loss_scale"] = "dynamic"
     return info
+
+
+def _optimizer_name(optimizer):
+    """`SpecTrainSGD`, `AdamW`, or `SpecTrain(AdamW)` for a wrapped Keras optimizer."""
+    if type(optimizer) is prediction.SpecTrain:
+        return f"SpecTrain({type(optimizer.inner_optimizer).__name__})"
+    return type(optimizer).__name__
 
 
 def save(trainer, directory, *, epoch, batch=0, keep=3, metadata=None):

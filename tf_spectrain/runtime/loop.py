@@ -8,7 +8,7 @@ trained weights are then copied back into the wrapped model before `on_epoch_end
 
 import time
 
-from tf_spectrain import schedule
+from tf_spectrain import prediction, schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
@@ -64,7 +64,7 @@ def learning_rate_reader(optimizer):
         A function of no arguments returning the learning rate as a float, or None for a
         schedule (or a callable), which is left to each stage.
     """
-    if isinstance(optimizer.get_config()["learning_rate"], dict):
+    if isinstance(prediction.unwrapped(optimizer).get_config()["learning_rate"], dict):
         return lambda: None  # a LearningRateSchedule (or a callable), serialised as a dict
     return lambda: float(optimizer.learning_rate)
 

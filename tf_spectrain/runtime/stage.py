@@ -92,7 +92,7 @@ class StageRunner:
         model: the stage's placed sub-model (its variables live on `device`).
         device: a device name such as `"/GPU:1"`.
         optimizer: the stage's own optimizer, already built on `device` for the model's
-            trainable variables. Predictions (`s > 0`) need a `SpecTrainSGD`.
+            trainable variables. Predictions (`s > 0`) need a `tf_spectrain.SpecTrain`.
         plan: the stage's `modes.PassPlan`.
         loss: on the last stage, the loss function `loss(y_true, y_pred)`; else None.
 
@@ -115,9 +115,12 @@ class StageRunner:
         self.trainable = list(model.trainable_variables)
         self.non_trainable = list(model.non_trainable_variables)
         self._tf_trainable = [v.value for v in self.trainable]
-        self._momenta = None
-        if plan.forward_steps or plan.backward_steps:
-            self._momenta = [optimizer.momentum_of(v).value for v in self.trainable]
+        if (plan.forward_steps or plan.backward_steps) and not hasattr(
+                optimizer, "update_directions"):
+            raise TypeError(
+                f"Stage {k} predicts weights and needs a `tf_spectrain.SpecTrain` optimizer "
+                f"(any Keras optimizer, wrapped). Received: {type(optimizer).__name__}"
+            )
         self._inflight = {}
         self._stashed = (None, None)  # (i, weights): the copy the micro-batches of i share
         self._pending = None
@@ -155,10 +158,11 @@ class StageRunner:
     # --- graph functions ----------------------------------------------------------------
 
     def _weights(self, steps):
-        """The trainable weights `W + steps * m` as tensors (the current ones for 0)."""
+        """The trainable weights `W + steps * d` as tensors (the current ones for 0)."""
         if not steps:
             return [tf.convert_to_tensor(v) for v in self._tf_trainable]
-        return [v + steps * m for v, m in zip(self._tf_trainable, self._momenta)]
+        ds = self.optimizer.update_directions(self.trainable)
+        return [v + steps * d for v, d in zip(self._tf_trainable, ds)]
 
     def _run(self, weights, non_trainable, inputs, labels, scale):
         """The stage at `weights`: `(outputs, penalty, new_state, logits)`."""
@@ -573,11 +577,11 @@ class StageRunner:
         return self._infer_fn(as_list(inputs))
 
     def current_weights(self, steps=0):
-        """Computes the trainable weights `W + steps * m` as tensors on the stage's device.
+        """Computes the trainable weights `W + steps * d` as tensors on the stage's device.
 
         Args:
-            steps: the version gap `s` (0: the current weights; > 0 needs momentum, i.e. a
-                stage whose plan predicts).
+            steps: the version gap `s` (0: the current weights; > 0 needs a `SpecTrain`
+                optimizer, i.e. a stage whose plan predicts).
 
         Returns:
             A list of tensors, one per trainable variable.

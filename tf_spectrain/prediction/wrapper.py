@@ -1,0 +1,479 @@
+"""`SpecTrain(optimizer)`: any Keras optimizer, able to predict weights a few updates ahead.
+
+The wrapper trains exactly as the optimizer it wraps (every update, slot, learning-rate
+schedule, weight decay and clipping is the inner optimizer's) and adds
+`predicted_weights(variables, s) = W + s * d`, with `d` the inner optimizer's next-update
+estimate (`tf_spectrain.prediction.directions`; docs/SPECTRAIN.md section 6c).
+"""
+
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from tf_spectrain.prediction import directions
+
+DIRECTIONS = ("auto", directions.LAST_UPDATE)
+_DELEGATED = (
+    "weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",
+    "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps",
+)
+
+
+def _is_real_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_steps(steps):
+    """Returns `steps` (a version gap) as a number or scalar tensor, or raises.
+
+    Args:
+        steps: a Python number >= 0, a NumPy array or a scalar tensor.
+
+    Returns:
+        `steps`, a NumPy array converted to a tensor.
+
+    Raises:
+        ValueError: a negative number or a tensor that is not a scalar.
+        TypeError: anything else.
+    """
+    if _is_real_number(steps):
+        if not steps >= 0:
+            raise ValueError(
+                "`steps` must be >= 0 (how many updates ahead to predict). "
+                f"Received: steps={steps!r}"
+            )
+        return steps
+    if isinstance(steps, np.ndarray):
+        steps = ops.convert_to_tensor(steps)
+    if not ops.is_tensor(steps) and not isinstance(steps, (tf.Variable, keras.Variable)):
+        raise TypeError(
+            "`steps` must be a Python number or a scalar tensor. "
+            f"Received: steps={steps!r} of type {type(steps).__name__}"
+        )
+    shape = tf.TensorShape(steps.shape)
+    if shape.rank not in (None, 0):
+        raise ValueError(
+            "`steps` must be a scalar (one version gap for all variables). "
+            f"Received: steps with shape {tuple(shape)}"
+        )
+    return steps
+
+
+def describe(variable):
+    """A variable's path (or name) for messages."""
+    return getattr(variable, "path", None) or getattr(variable, "name", repr(variable))
+
+
+def device_of(variable):
+    """The device a variable lives on, or None when it has none yet."""
+    if isinstance(variable, keras.Variable):
+        variable = variable.value
+    return getattr(variable, "device", None) or None
+
+
+def unwrapped(optimizer):
+    """The Keras optimizer that does the updates, inside `SpecTrain` and `LossScaleOptimizer`.
+
+    Args:
+        optimizer: a Keras optimizer, possibly wrapped (several times).
+
+    Returns:
+        The innermost optimizer (`optimizer` itself when it wraps none).
+    """
+    while isinstance(optimizer, (SpecTrain, keras.optimizers.LossScaleOptimizer)):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def _delegate(name):
+    """A property that reads and writes the inner optimizer's `name`."""
+
+    def get(self):
+        return getattr(self.inner_optimizer, name)
+
+    def set_(self, value):
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # the base class' __init__ sets defaults before it exists
+            setattr(inner, name, value)
+
+    return property(get, set_, doc=f"The inner optimizer's `{name}`.")
+
+
+def _resolve_inner(optimizer):
+    """The Keras optimizer to wrap, from an instance, a name or a config."""
+    if isinstance(optimizer, SpecTrain):
+        raise ValueError(
+            "`optimizer` is already a `SpecTrain` optimizer; wrap the Keras optimizer "
+            f"once. Received: optimizer={optimizer.name!r}"
+        )
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "Wrap the other way round: `keras.optimizers.LossScaleOptimizer("
+            "tf_spectrain.SpecTrain(optimizer))` (or let `compile` scale the loss of a "
+            "mixed_float16 model). Received: SpecTrain(LossScaleOptimizer(...))"
+        )
+    try:
+        inner = keras.optimizers.get(optimizer)
+    except (ValueError, TypeError):
+        inner = None
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise ValueError(
+            "`optimizer` must be a Keras optimizer instance or name, such as "
+            "keras.optimizers.AdamW(1e-3) or 'adamw'. "
+            f"Received: optimizer={optimizer!r}"
+        )
+    return inner
+
+
+@keras.saving.register_keras_serializable(package="tf_spectrain")
+class SpecTrain(keras.optimizers.Optimizer):
+    """Wraps a Keras optimizer so that it can also predict weights `s` updates ahead.
+
+    Training is the inner optimizer's, unchanged: `model.fit` with
+    `SpecTrain(keras.optimizers.AdamW(3e-3))` gives the weights `AdamW(3e-3)` gives. Its
+    learning rate, schedule, weight decay, clipping, loss scale factor, gradient
+    accumulation and EMA are the inner optimizer's (read and set through the wrapper).
+
+    `predicted_weights(variables, s)` returns `W + s * d`, where `d` is the optimizer's own
+    estimate of its next update, computed from its state as it stands (nothing changes):
+
+    - momentum SGD (no Nesterov): `d = m`, its momentum slot (the paper's rule);
+    - Adam, AdamW: `d = -lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + eps)
+      - lr * wd * W` at the current update count `t` and learning rate (the last step
+      Keras' Adam took, re-evaluated now), and `d = 0` before the first update;
+    - any other optimizer (RMSprop, Lion, Nadam, Nesterov SGD, ...), or
+      `direction="last_update"`: the update it applied last, kept in one slot per
+      variable (0 before the first update).
+
+    `PipelineModel.compile` wraps an unwrapped optimizer in `mode="spectrain"`, so
+    `compile(optimizer="adamw")` or `compile(optimizer=keras.optimizers.AdamW(3e-3))`
+    works as it is. For loss scaling wrap this one:
+    `keras.optimizers.LossScaleOptimizer(SpecTrain(...))`.
+
+    Example:
+
+    ```python
+    opt = tf_spectrain.SpecTrain(keras.optimizers.AdamW(3e-3, weight_decay=0.01))
+    opt.build(model.trainable_variables)
+    w_hat = opt.predicted_weights(model.trainable_variables, steps=2)
+    ```
+
+    Args:
+        optimizer: a Keras optimizer instance, or a name or config Keras resolves
+            (`"adamw"`). Not a `LossScaleOptimizer` (wrap it around this instead).
+        direction: `"auto"` (the rule of the optimizer, above) or `"last_update"`.
+        name: the wrapper's name. Defaults to `"spectrain_" + optimizer.name`.
+
+    Raises:
+        ValueError: an optimizer Keras cannot resolve, a `LossScaleOptimizer` or an
+            already wrapped one, or a bad `direction`.
+    """
+
+    def __init__(self, optimizer, direction="auto", name=None, **kwargs):
+        inner = _resolve_inner(optimizer)
+        if direction not in DIRECTIONS:
+            raise ValueError(
+                f"`direction` must be one of {list(DIRECTIONS)}. Received: "
+                f"direction={direction!r}"
+            )
+        for key in list(kwargs):
+            if key in _DELEGATED and kwargs[key] in (None, False, 0.99):
+                kwargs.pop(key)  # base-class defaults in a config
+        if kwargs:
+            raise ValueError(
+                f"`SpecTrain` takes no optimizer settings ({', '.join(sorted(kwargs))}): "
+                "set them on the optimizer it wraps, e.g. "
+                "SpecTrain(keras.optimizers.AdamW(1e-3, clipnorm=1.0))."
+            )
+        super().__init__(learning_rate=0.0, name=name or f"spectrain_{inner.name}")
+        self.inner_optimizer = inner
+        self.direction = direction
+        self.last_updates = []
+        self._directions = {}
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def rule(self):
+        """The rule of `d`: `"momentum"`, `"adam"` or `"last_update"`."""
+        if self.direction == directions.LAST_UPDATE:
+            return directions.LAST_UPDATE
+        return directions.direction_rule(self.inner_optimizer)
+
+    @property
+    def variables(self):
+        """The inner optimizer's variables, then the wrapper's last-update slots (if any)."""
+        return list(self.inner_optimizer.variables) + list(self.last_updates)
+
+    @property
+    def iterations(self):
+        """The inner optimizer's update count."""
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        """The inner optimizer's current learning rate."""
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:
+            inner.learning_rate = learning_rate
+
+    def build(self, variables):
+        """Builds the inner optimizer and, for the last-update rule, one slot per variable.
+
+        Build eagerly under the stage's device (`with tf.device(d): opt.build(vars)`); the
+        wrapper's slots are placed beside their weights either way.
+
+        Args:
+            variables: the trainable variables this optimizer will update.
+        """
+        if self.built:
+            return
+        variables = list(variables)
+        self.inner_optimizer.build(variables)
+        # Not the base class' build: it would add EMA averages or gradient accumulators
+        # of the wrapper's own, beside the inner optimizer's.
+        self._trainable_variables = variables[:]
+        self._trainable_variables_indices = {self._var_key(v): i for i, v in enumerate(variables)}
+        self.built = True
+        if self.rule == directions.LAST_UPDATE:
+            self.last_updates = [
+                self.add_variable_from_reference(v, name="last_update") for v in variables
+            ]
+        self._directions = {}
+        for i, v in enumerate(variables):
+            slot = self.last_updates[i] if self.last_updates else None
+            self._directions[self._var_key(v)] = directions.Direction(
+                self.inner_optimizer, v, self.rule, last_update=slot
+            )
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        """Adds a wrapper variable shaped like `reference_variable`, on its device.
+
+        Args:
+            reference_variable: the model variable the new variable mirrors.
+            name: the name suffix of the new variable.
+            initializer: its initializer. Defaults to zeros.
+
+        Returns:
+            The new `keras.Variable`.
+        """
+        device = device_of(reference_variable)
+        if device is None or tf.distribute.has_strategy():
+            return super().add_variable_from_reference(
+                reference_variable, name=name, initializer=initializer
+            )
+        with tf.device(device):
+            return super().add_variable_from_reference(
+                reference_variable, name=name, initializer=initializer
+            )
+
+    # --- update -------------------------------------------------------------------------
+
+    def apply(self, grads, trainable_variables=None):
+        """Applies the inner optimizer's update (and records it for the last-update rule).
+
+        Args:
+            grads: the gradients, one per variable.
+            trainable_variables: the variables (optional once built).
+        """
+        if not self.built:
+            self.build(trainable_variables)
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else list(self._trainable_variables))
+        kept = [(d.slots[0], v) for d, v in ((self._direction(v), v) for v in variables)
+                if d.rule == directions.LAST_UPDATE]
+        for slot, v in kept:
+            slot.assign(v)
+        self.inner_optimizer.apply(grads, trainable_variables)
+        for slot, v in kept:
+            slot.assign(ops.subtract(v, slot))
+
+    def apply_gradients(self, grads_and_vars):
+        """Applies `(gradient, variable)` pairs, as Keras optimizers do.
+
+        Args:
+            grads_and_vars: an iterable of `(gradient, variable)` pairs.
+
+        Returns:
+            The inner optimizer's iteration count.
+        """
+        grads, variables = zip(*grads_and_vars)
+        self.apply(grads, variables)
+        return self.iterations
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Excludes variables from the inner optimizer's weight decay (as in Keras).
+
+        Args:
+            var_list: variables to exclude.
+            var_names: names (substrings) of variables to exclude.
+        """
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+    def scale_loss(self, loss):
+        """Scales the loss by the inner optimizer's `loss_scale_factor` (as Keras does)."""
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        """Lets the inner optimizer finish (its EMA), as at the end of `fit`."""
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # --- prediction ---------------------------------------------------------------------
+
+    def _direction(self, variable):
+        """The `Direction` of `variable`, or a clear error."""
+        if not isinstance(variable, (keras.Variable, tf.Variable)):
+            raise TypeError(
+                "`variable` must be a `keras.Variable` (or a `tf.Variable`). "
+                f"Received: variable={variable!r} of type {type(variable).__name__}"
+            )
+        if not self.built:
+            raise ValueError(
+                f"Optimizer '{self.name}' is not built yet, so it cannot predict "
+                f"'{describe(variable)}'. Call `optimizer.build(trainable_variables)` "
+                "first (eagerly, under the stage's device)."
+            )
+        found = self._directions.get(self._var_key(variable))
+        if found is None:
+            raise ValueError(
+                f"Unknown variable '{describe(variable)}': optimizer '{self.name}' was "
+                f"built with {len(self._directions)} other variables and predicts only "
+                "those. Pass one of the variables it was built with, or use a new "
+                "optimizer (e.g. `clone_for_stage()`) for another set of variables."
+            )
+        return found
+
+    def update_directions(self, variables):
+        """Computes `d` for each variable (see the class docstring); changes no state.
+
+        Args:
+            variables: a list of trainable variables the optimizer was built with.
+
+        Returns:
+            A list of tensors, one per variable, each of its shape and dtype.
+
+        Raises:
+            TypeError, ValueError: see `predicted_weights`.
+        """
+        if isinstance(variables, (keras.Variable, tf.Variable)):
+            raise TypeError(
+                "`variables` must be a list of variables, not a single variable. "
+                f"Received: variables={describe(variables)}; pass [variable] instead."
+            )
+        return [self._direction(v).value() for v in variables]
+
+    def predicted_weights(self, variables, steps):
+        """Predicts the weights `steps` updates ahead: `W + steps * d` for each variable.
+
+        Reads each variable and the optimizer's state as they stand and changes nothing
+        (no variable, no slot, not `iterations`). Works eagerly and inside `tf.function`.
+
+        Args:
+            variables: a list of trainable variables the optimizer was built with.
+                Non-trainable state (BatchNorm moving statistics) is never predicted.
+            steps: the version gap `s`, a Python number >= 0 or a scalar tensor.
+                `steps=0` returns the current values.
+
+        Returns:
+            A list of tensors, one per variable, in the order of `variables`.
+
+        Raises:
+            TypeError: `variables` is a single variable, or `steps` is not a number or a
+                tensor.
+            ValueError: `steps` is negative or not a scalar, the optimizer is not built,
+                or a variable is unknown to it.
+        """
+        steps = check_steps(steps)
+        ds = self.update_directions(variables)
+        if _is_real_number(steps) and steps == 0:
+            return [ops.convert_to_tensor(v) for v in variables]
+        return [
+            ops.add(ops.convert_to_tensor(v), ops.multiply(ops.cast(steps, v.dtype), d))
+            for v, d in zip(variables, ds)
+        ]
+
+    # --- configuration ------------------------------------------------------------------
+
+    def get_config(self):
+        """Returns `{"name", "optimizer" (the inner one, serialised), "direction"}`."""
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "direction": self.direction,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Rebuilds an unbuilt wrapper (and its inner optimizer) from `get_config()`."""
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+    def clone_for_stage(self):
+        """Returns a fresh, unbuilt wrapper around a fresh copy of the inner optimizer.
+
+        See `clone_optimizer`: a learning-rate schedule or callable is shared, weight-decay
+        exclusions carry over.
+
+        Returns:
+            A new `SpecTrain` with the same settings and no state.
+        """
+        return type(self)(clone_optimizer(self.inner_optimizer), direction=self.direction,
+                          name=self.name)
+
+
+for _name in _DELEGATED:
+    setattr(SpecTrain, _name, _delegate(_name))
+del _name
+
+
+def clone_optimizer(optimizer):
+    """Builds a fresh optimizer with `optimizer`'s settings (each pipeline stage gets one).
+
+    A config round trip would lose a callable or unregistered learning-rate schedule and
+    the choices of `exclude_from_weight_decay`; this keeps them (a schedule is shared, not
+    copied: schedules are stateless).
+
+    Args:
+        optimizer: a Keras optimizer (a `SpecTrain` is cloned with its inner optimizer).
+
+    Returns:
+        A new, unbuilt optimizer of the same class and configuration.
+    """
+    if hasattr(optimizer, "clone_for_stage"):
+        return optimizer.clone_for_stage()
+    return rebuild(type(optimizer), optimizer.get_config(), optimizer)
+
+
+def rebuild(cls, config, settings_of, inner_of=lambda optimizer: optimizer):
+    """`cls.from_config(config)` with the schedule and weight-decay choices of `settings_of`.
+
+    Args:
+        cls: the optimizer class to build.
+        config: its config (changed in place).
+        settings_of: the Keras optimizer whose learning rate object and weight-decay
+            exclusions the new one takes.
+        inner_of: where in the new optimizer those exclusions go (a wrapper's inner one).
+
+    Returns:
+        The new optimizer.
+    """
+    rate = getattr(settings_of, "_learning_rate", None)  # Keras keeps the schedule here
+    if rate is not None and not isinstance(rate, keras.Variable):
+        config["learning_rate"] = rate
+    clone = cls.from_config(config)
+    # Keras' exclude_from_weight_decay() keeps its choices in these attributes of the base
+    # optimizer, and get_config() does not carry them.
+    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(settings_of, attr):
+            setattr(inner_of(clone), attr, getattr(settings_of, attr))
+    return clone
