@@ -3,9 +3,9 @@ tokenised by a Keras `TextVectorization` layer adapted on its training reviews.
 
 `imdb_reviews`: each review is lower-cased, its `<br />` line breaks and punctuation are
 removed, and it is split on whitespace; ids follow the word counts of the training reviews
-(ties alphabetical, Keras' rule): 0 is padding, 1 an unknown word, then the
-`IMDB_VOCAB_SIZE - 2` most frequent words. Every review is cut to its first
-`IMDB_SEQ_LEN` tokens, or padded with 0 at the end. Labels: 0 negative, 1 positive.
+(most frequent first, ties broken by the word: Keras' rule): 0 is padding, 1 an unknown
+word, then the `IMDB_VOCAB_SIZE - 2` most frequent words. Every review is cut to its
+first `IMDB_SEQ_LEN` tokens, or padded with 0 at the end. Labels: 0 negative, 1 positive.
 The `pydoc` sets are described in `pydoc_corpus`.
 """
 
