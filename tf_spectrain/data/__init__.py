@@ -33,11 +33,11 @@ Text sets come as int32 token ids `[B, seq_len]` (`get_info(name)` gives `seq_le
 (the next token at every position) for language modelling, where `num_classes` is the
 vocabulary size. `DatasetInfo.model_options()` gives what a text model also needs.
 
-| name           | task                   | vocab  | seq_len | train  | test   | source              |
-|----------------|------------------------|--------|---------|--------|--------|---------------------|
-| `pydoc`        | next byte              | 256    | 128     | ~2,659 | ~262   | Python (bundled)    |
-| `pydoc_words`  | next word              | 2,048  | 64      | ~1,325 | ~124   | Python (bundled)    |
-| `imdb_reviews` | sentiment (2 classes)  | 20,000 | 256     | 25,000 | 25,000 | tensorflow-datasets |
+| name           | task           | vocab  | seq_len | train  | test   | source              |
+|----------------|----------------|--------|---------|--------|--------|---------------------|
+| `pydoc`        | next byte      | 256    | 128     | ~2,659 | ~262   | Python (bundled)    |
+| `pydoc_words`  | next word      | 2,048  | 64      | ~1,325 | ~124   | Python (bundled)    |
+| `imdb_reviews` | sentiment, 2   | 20,000 | 256     | 25,000 | 25,000 | tensorflow-datasets |
 
 - `pydoc` and `pydoc_words` are next-token language modelling on the English prose of
   `pydoc_data.topics` (the text of `help()`, which ships with every Python), repeated
