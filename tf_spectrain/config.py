@@ -24,7 +24,8 @@ PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
 SWITCHES = ("download", "graph", "histograms", "resume")
 
 # What the text models of the zoo learn; every other model classifies images. A local
-# table until the model registry says itself what input a model takes.
+# table until the registry's `models.model_input_kind(name)` ("tokens" for these three)
+# lands; `transformer_lm` stays the one language model either way.
 TEXT_MODELS = {
     "transformer_lm": "language_model",
     "transformer_classifier": "text",
