@@ -14,6 +14,7 @@ import pytest
 
 from tf_spectrain import costmodel, models, partition
 from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.pipeline_model import PipelineModel
 
 SEQ, VOCAB, CLASSES, WIDTH, HEADS, MLP = 8, 24, 3, 8, 2, 16
@@ -130,6 +131,11 @@ def test_text_models_shapes_names_params_and_logits(name):
     assert model.layers[-1] is head and head.activation is keras.activations.linear
     per_block = ["_lstm", "_out"] if name == "residual_lstm" else [
         "_ln1", "_attn", "_add", "_ln2", "_mlp1", "_mlp2", "_out"]
+    first = {"transformer_lm": ["input", "token_embedding", "position_embedding"],
+             "transformer_classifier": ["input", "token_embedding", "position_embedding",
+                                        "padding_mask"],
+             "residual_lstm": ["input", "token_embedding", "padding_mask"]}[name]
+    assert set(first) <= set(names) and names[0] == "input"
     for b in range(1, 5):
         assert {f"block{b}{part}" for part in per_block} <= set(names)
     assert "block5_out" not in names
@@ -280,12 +286,34 @@ def user_text_model(mask_zero=True, seed=0):
     """
     keras.utils.set_random_seed(seed)
     tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(VOCAB, 4, mask_zero=mask_zero, name="emb")(tokens)
+    # Large initial weights, so that the logits (and the loss) depend on the masks.
+    normal = keras.initializers.RandomNormal(stddev=1.0)
+    x = keras.layers.Embedding(VOCAB, 4, normal, mask_zero=mask_zero, name="emb")(tokens)
     x = keras.layers.LSTM(4, return_sequences=True, name="lstm1")(x)
     a = keras.layers.MultiHeadAttention(2, 2, name="mha")(x, x)
     x = keras.layers.Add(name="add")([x, a])
     x = keras.layers.LSTM(4, return_sequences=True, name="lstm2")(x)
-    return keras.Model(tokens, keras.layers.Dense(CLASSES, name="head")(x), name="tagger")
+    head = keras.layers.Dense(CLASSES, kernel_initializer=keras.initializers.RandomNormal(
+        stddev=10.0), name="head")
+    return keras.Model(tokens, head(x), name="tagger")
+
+
+def test_a_layer_called_with_keyword_arguments_reads_its_mask_from_the_tensor():
+    # `LSTM(4)(x)` records its `mask=`; with any keyword argument Keras records none and
+    # the LSTM reads the mask from `x` at run time, which a cut in front of it loses.
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(VOCAB, 4, "random_normal", mask_zero=True, name="emb")(tokens)
+    x = keras.layers.Dense(4, name="dense")(x)
+    x = keras.layers.LSTM(4, name="lstm")(x, training=False)
+    model = keras.Model(tokens, keras.layers.Dense(CLASSES, name="head")(x))
+    assert partition.cuts_keeping_masks(model) == ["lstm"]
+    with pytest.raises(ValueError, match=r"the cut after 'dense' does: the output of layer "
+                                         r"'dense' carries a mask .* layer 'lstm' \(LSTM\)"):
+        partition.split_model(model, ["dense"])
+    x = padded_tokens(8)
+    out = run_stages(partition.split_model(model, ["emb"], keep_masks=False), x)
+    assert differ(out, model(x))
 
 
 def masking_model(masked=True, seed=0):
@@ -306,13 +334,15 @@ def masked_features(n=8):
     return x
 
 
-@pytest.mark.parametrize("cuts", [["emb"], ["mha"], ["add"], ["emb", "add"]])
-def test_cuts_that_hand_masks_on_as_tensors_equal_the_model(cuts):
+def test_cuts_that_hand_masks_on_as_tensors_equal_the_model():
+    # After the mask's maker, after the attention that reads it, after the add that
+    # passes it on to the LSTM that records it; alone and together.
     model = user_text_model()
     x = padded_tokens(8)
     expected = np.asarray(model(x))
-    np.testing.assert_allclose(run_stages(partition.split_model(model, cuts), x), expected,
-                               atol=1e-6)
+    for cuts in (["emb"], ["mha"], ["add"], ["emb", "add"]):
+        out = run_stages(partition.split_model(model, cuts), x)
+        np.testing.assert_allclose(out, expected, atol=1e-6, err_msg=f"cuts={cuts}")
     # The masks matter: the same weights without them compute something else.
     assert differ(user_text_model(mask_zero=False)(x), expected)
 
@@ -349,33 +379,31 @@ def test_cuts_that_would_drop_a_mask_are_refused(cut, reader):
         assert abs(float(loss_fn()(y, out)) - float(loss_fn()(y, whole))) > 1e-4
 
 
-@pytest.mark.parametrize("cuts", [["masking"], ["dense"], ["lstm1"], ["masking", "lstm1"]])
-def test_a_masking_layers_mask_crosses_cuts(cuts):
+def test_a_masking_layers_mask_crosses_cuts():
+    # Right after `Masking`, after the `Dense` that passes its mask on, between the LSTMs.
     model, x = masking_model(), masked_features()
+    assert partition.cuts_keeping_masks(model) == [
+        call.name for call in read_graph(model).calls[:-1]]
     expected = np.asarray(model(x))
-    np.testing.assert_allclose(run_stages(partition.split_model(model, cuts), x), expected,
-                               atol=1e-6)
+    for cuts in (["masking"], ["dense"], ["lstm1"], ["masking", "lstm1"]):
+        out = run_stages(partition.split_model(model, cuts), x)
+        np.testing.assert_allclose(out, expected, atol=1e-6, err_msg=f"cuts={cuts}")
     assert differ(masking_model(masked=False)(x), expected)
 
 
-@pytest.mark.parametrize(
-    "build_model, inputs, labels, cuts",
-    [
-        (user_text_model, lambda: padded_tokens(8), (8, SEQ), ["emb", "add"]),
-        (masking_model, masked_features, (8,), ["masking", "lstm1"]),
-    ],
-    ids=["mask_zero", "masking_layer"],
-)
-def test_a_sync_pipeline_of_a_masked_model_equals_keras_fit(build_model, inputs, labels, cuts):
-    # The per-token labels of the first model make the loss use the mask on the last stage.
-    model, x = build_model(), inputs()
-    y = np.random.default_rng(2).integers(0, CLASSES, size=labels)
+def test_a_sync_pipeline_of_a_masked_model_equals_keras_fit():
+    # Three stages (masks handed on as tensors into both later ones); the per-token labels
+    # make the last stage's loss use the mask, as Keras' `fit` does.
+    model, x = user_text_model(), padded_tokens(8)
+    y = np.random.default_rng(2).integers(0, CLASSES, size=(8, SEQ))
     w0 = model.get_weights()
     ref, ref_loss = keras_one_step(model, x, y)
-    history = pipeline(model, cuts).fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    history = pipeline(model, ["emb", "add"]).fit(x, y, batch_size=8, epochs=1, verbose=0)
     np.testing.assert_allclose(history.history["loss"], ref_loss, rtol=1e-5)
     assert_weights_close(model.get_weights(), ref.get_weights())
     assert max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), w0)) > 1e-3
+    logits = np.asarray(user_text_model()(x))  # an array: without the mask, so the loss
+    assert abs(float(loss_fn()(y, logits)) - ref_loss[0]) > 1e-3  # would count the padding
 
 
 def test_auto_cuts_never_lose_a_mask():
@@ -402,12 +430,13 @@ def test_auto_cuts_never_lose_a_mask():
 @pytest.mark.parametrize("mode", ["sync", "vanilla", "stash", "spectrain"])
 @pytest.mark.parametrize("name", TEXT_MODELS)
 def test_text_models_train_in_every_mode(name, mode):
-    # Two blocks, cut between them; sync is also one step of Keras' own `fit`.
-    model = build(name, blocks=2)
-    keras_twin = build(name, blocks=2)
+    # One block cut in its middle (three tensors cross, the padding mask among them; the
+    # LSTM's output carries a Keras mask); sync is also one step of Keras' own `fit`.
+    model, keras_twin = build(name, blocks=1), build(name, blocks=1)
     x, y = data(name)
     w0 = model.get_weights()
-    pipe = pipeline(model, ["block1_out"], mode=mode)
+    cut = "block1_lstm" if name == "residual_lstm" else "block1_attn"
+    pipe = pipeline(model, [cut], mode=mode)
     losses = pipe.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
     if mode == "sync":
         ref, ref_loss = keras_one_step(keras_twin, x, y)
