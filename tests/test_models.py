@@ -157,10 +157,13 @@ def resnet20():
 # ---------------------------------------------------------------- registry
 
 
-def test_model_names_lists_all_six_sorted():
+def test_model_names_lists_all_nine_sorted():
     names = models.model_names()
     assert names == sorted(names)
-    assert set(names) == {"mlp", "small_cnn", "vgg16", "resnet20", "resnet56", "resnet50"}
+    assert set(names) == {"mlp", "small_cnn", "vgg16", "resnet20", "resnet56", "resnet50",
+                          "transformer_lm", "transformer_classifier", "residual_lstm"}
+    # The text models (test_text_models.py) take token ids, the others images or anything.
+    assert {models.model_input_kind(n) for n in names} == {"image", "tokens", "any"}
 
 
 @pytest.mark.parametrize(
@@ -336,7 +339,8 @@ def test_resnet50_params_and_shape(resnet50):
         ("vgg61", r"`name` must be one of \['mlp', .*'vgg16'\]\. Received: name='vgg61'; "
                   r"did you mean 'vgg16'\?"),
         ("ResNet20", r"Received: name='ResNet20'; did you mean 'resnet20'\?"),
-        ("transformer", r"Received: name='transformer'$"),
+        ("transformer", r"Received: name='transformer'; did you mean 'transformer_lm'\?"),
+        ("bert", r"Received: name='bert'$"),
         (None, r"`name` must be one of .* Received: name=None$"),
     ],
 )

@@ -18,6 +18,7 @@
    whose slowest stage is predicted under `calibrate_above` (5 ms) skip this: such stages
    are timed mostly as per-call overhead and noise.
 
+Only cuts that keep every Keras mask are planned (`partition.cuts_keeping_masks`).
 Profiling runs the model in training mode on random inputs; the model's non-trainable
 variables (BatchNorm statistics, random-generator states) are restored afterwards.
 """
@@ -30,7 +31,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_spectrain import checks
+from tf_spectrain import checks, partition
 from tf_spectrain.costmodel import measure, planning, stage_terms
 from tf_spectrain.costmodel.profile import ModelProfile
 
@@ -89,11 +90,14 @@ def auto_partition(
         "calibrate_above", calibrate_above, 0.0, meaning="seconds per mini-batch"
     )
     start = time.perf_counter()
+    keeping = _cuts_keeping_masks(model, len(devices))
     saved = [v.numpy() for v in model.non_trainable_variables]
     try:
         profiles = [_profile(model, batch_size, d) for d in _profiling_devices(devices)]
         bandwidth, latency = _link(devices, link_bandwidth)
         settings = dict(
+            # None (any layer but the last) unless a cut would lose a Keras mask.
+            allowed=None if len(keeping) == len(profiles[0]) - 1 else keeping,
             num_stages=len(devices),
             batch_size=batch_size,
             mode=mode,
@@ -132,6 +136,19 @@ def auto_partition(
         profile_seconds=time.perf_counter() - start,
         measured=None if measured is None else tuple(fb for _, fb in measured),
     )
+
+
+def _cuts_keeping_masks(model, num_stages):
+    """The layers a cut may follow without losing a Keras mask (`split_model` refuses the
+    others); a ValueError if they are too few for `num_stages`."""
+    keeping = partition.cuts_keeping_masks(model)
+    if len(keeping) < num_stages - 1:
+        raise ValueError(
+            f"Cannot cut model '{model.name}' into {num_stages} stages: only "
+            f"{len(keeping)} of its layers can end a stage without losing a Keras mask "
+            f"({keeping}; see tf_spectrain.partition.split_model). Use fewer stages."
+        )
+    return keeping
 
 
 def _profiling_devices(devices):

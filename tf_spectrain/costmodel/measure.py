@@ -130,7 +130,8 @@ def profile_model(model, batch_size, repeats=5, warmup=2, seed=0, device=None):
     batch_size, repeats, warmup = _check_timing(batch_size, repeats, warmup)
     graph = read_graph(model)
     names = graph.names
-    stages = partition.split_model(model, names[:-1])
+    # Every layer alone, even where a cut would lose a Keras mask: only its time counts.
+    stages = partition.split_model(model, names[:-1], keep_masks=False)
     if device and not model_memory.reads_locally(model_memory.variable_devices(model), device):
         # The model lives elsewhere (train.py builds it on the CPU when its stages are on
         # GPUs): time copies placed on `device`, not the layers reading remote variables.

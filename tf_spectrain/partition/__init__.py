@@ -9,12 +9,15 @@ their layers (`graph.read_graph`), so cuts may name layers inside them.
   or with `by="macs"` compute, see `layer_costs`, or `by="layers"` layer counts);
   `plan_cuts` is the pure planner. `PipelineModel(cuts="auto")` plans from measured time
   (`tf_spectrain.costmodel.auto_partition`).
+- `cuts_keeping_masks(model)`: the layers a cut may follow without losing a Keras mask
+  (`split_model` refuses the others).
 - `place_stages(stages, devices)`: a copy of each stage on its device;
   `copy_weights(src_models, dst_models)` copies weights back.
 """
 
 from tf_spectrain.partition.costs import COSTS, layer_costs
 from tf_spectrain.partition.cuts import default_cuts
+from tf_spectrain.partition.masks import cuts_keeping_masks
 from tf_spectrain.partition.placement import check_devices, copy_weights, place_stages
 from tf_spectrain.partition.planner import plan_cuts
 from tf_spectrain.partition.stages import StageSpec, describe_stages, split_model
@@ -24,6 +27,7 @@ __all__ = [
     "StageSpec",
     "check_devices",
     "copy_weights",
+    "cuts_keeping_masks",
     "default_cuts",
     "describe_stages",
     "layer_costs",

@@ -4,10 +4,13 @@ A cut is the name of a layer that ENDS a stage; `N - 1` cuts make `N` stages. In
 a cut is the layer's position in the model's topological order (see `graph.py`).
 """
 
+import keras
+
 from tf_spectrain import checks
 from tf_spectrain.messages import did_you_mean
 from tf_spectrain.partition.costs import COSTS, graph_costs
 from tf_spectrain.partition.graph import read_graph
+from tf_spectrain.partition.masks import positions_keeping_masks
 from tf_spectrain.partition.planner import plan_cuts
 
 BY = COSTS + ("layers",)
@@ -53,11 +56,14 @@ def default_cuts(model, num_stages, by="params"):
     These are the static cuts, for comparison and for models that cannot be profiled;
     `PipelineModel(cuts="auto")` plans from measured time instead.
 
-    Candidate cuts are the layers after which exactly one tensor crosses, so VGG-style
-    models are cut between layers and ResNets at the outputs of residual blocks. Among
-    those, `plan_cuts` minimises the largest stage's cost (then evens out the rest; ties
-    go to later cuts, so weightless layers such as pooling stay with the layer before
-    them).
+    Candidate cuts are the layers after which exactly one floating-point tensor crosses
+    (and any number of integer or boolean ones, such as token ids or a padding mask), so
+    VGG-style models are cut between layers, ResNets at the outputs of residual blocks
+    and the zoo's text models at their blocks' `_out` layers (or the adds inside
+    transformer blocks); cuts that would lose a Keras mask are not candidates (see
+    `split_model`). Among those, `plan_cuts` minimises the largest stage's cost (then
+    evens out the rest; ties go to later cuts, so weightless layers such as pooling stay
+    with the layer before them).
 
     With `by="macs"` weightless layers cost something too, so the candidates are thinned
     first: of consecutive candidates with no layer with weights between them only the last
@@ -84,20 +90,27 @@ def default_cuts(model, num_stages, by="params"):
     graph = read_graph(model)
     names = graph.names
     last = len(names) - 1
-    allowed = [p for p in range(last) if len(graph.crossing(p)) == 1]
+    keeping = positions_keeping_masks(graph)
+    allowed = [p for p in keeping if len(_floating(graph.crossing(p))) == 1]
     if by == "macs":
         allowed = _with_weights_between(allowed, [c.count_params() > 0 for c in graph.calls])
     if len(allowed) < num_stages - 1:
         candidates = [names[p] for p in allowed]
         weights = " and layers with weights on both sides" if by == "macs" else ""
+        masks = " (and keep every Keras mask)" if len(keeping) < last else ""
         raise ValueError(
             f"Cannot cut model '{model.name}' into num_stages={num_stages} stages: that "
             f"needs {num_stages - 1} cut layers, but only {len(allowed)} layers have "
-            f"exactly one tensor crossing after them{weights}: {candidates}. Use fewer "
-            "stages or pass `cuts` explicitly."
+            f"exactly one floating-point tensor crossing after them{weights}{masks}: "
+            f"{candidates}. Use fewer stages or pass `cuts` explicitly."
         )
     costs = [1] * len(names) if by == "layers" else graph_costs(graph, by)
     return [names[p] for p in plan_cuts(costs, num_stages, allowed)]
+
+
+def _floating(tensors):
+    """The floating-point tensors among `tensors` (token ids and masks are not)."""
+    return [t for t in tensors if keras.backend.is_float_dtype(t.dtype)]
 
 
 def _with_weights_between(allowed, weighted):

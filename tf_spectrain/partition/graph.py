@@ -48,12 +48,17 @@ class OpCall:
         operation: the `keras.Operation` (usually a `keras.layers.Layer`).
         inputs: tuple of the `KerasTensor`s the call consumed.
         outputs: tuple of the `KerasTensor`s it produced.
+        args, kwargs: the arguments of the call as Keras recorded them (tensors and other
+            values, in their structures); what the layer takes at run time besides them,
+            such as a Keras mask it reads from an input tensor, is not among them.
     """
 
-    def __init__(self, operation, inputs, outputs):
+    def __init__(self, operation, inputs, outputs, args=(), kwargs=None):
         self.operation = operation
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
 
     @property
     def name(self):
@@ -167,7 +172,10 @@ def read_graph(model):
         if len(nodes) > 1:
             raise _shared_error(op, len(nodes), model.name)
         node = nodes[0]
-        calls.append(OpCall(op, node.input_tensors, node.outputs))
+        arguments = node.arguments
+        calls.append(
+            OpCall(op, node.input_tensors, node.outputs, arguments.args, arguments.kwargs)
+        )
     if calls_of:  # Should not happen: Keras' order must list every operation.
         raise ValueError(
             f"Could not order the operations of model '{model.name}': some are missing "

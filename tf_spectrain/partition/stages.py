@@ -20,6 +20,7 @@ import keras
 
 from tf_spectrain.partition.cuts import resolve_cuts
 from tf_spectrain.partition.graph import read_graph
+from tf_spectrain.partition.masks import check_masks
 from tf_spectrain.runtime.graphs import one_or_list
 
 
@@ -76,10 +77,12 @@ class _Stage:
         self.passing = [graph.produced_at(t) < start for t in outputs]
 
 
-def _plan_stages(model, cuts):
-    """Reads the model, checks `cuts` and lays out every stage."""
+def _plan_stages(model, cuts, keep_masks=True):
+    """Reads the model, checks `cuts` (and that they keep Keras masks) and lays out every stage."""
     graph = read_graph(model)
     positions = resolve_cuts(graph, cuts)
+    if keep_masks:
+        check_masks(graph, cuts, positions)
     last = len(graph.calls) - 1
     bounds = [-1] + positions + [last]
     stages = []
@@ -91,7 +94,7 @@ def _plan_stages(model, cuts):
     return graph, stages
 
 
-def split_model(model, cuts):
+def split_model(model, cuts, keep_masks=True):
     """Cuts a functional or Sequential Keras model into pipeline stages.
 
     Each name in `cuts` ends a stage, so there are `len(cuts) + 1` stages. Stage `k` is
@@ -115,11 +118,20 @@ def split_model(model, cuts):
     too. The flat graph computes what the model computes when called with an explicit
     `training=True` or `training=False` (see `tf_spectrain.partition.graph`).
 
+    Keras masks (`mask_zero=True`, `Masking`) cross a cut when the graph records them as
+    arguments of the layers that use them (`LSTM(4)(x)` records `mask=`), as tensors.
+    A mask that a layer after the cut (or the loss, on a model output) would read from
+    its input tensor itself is not handed on with the tensor, so such cuts are refused
+    (`tf_spectrain.partition.masks`), with the cuts that keep every mask.
+
     Args:
         model: a functional `keras.Model` or a built `keras.Sequential`, with every
             layer called once (no shared layers, no nested model called twice) and,
             once nested models are flattened, distinct layer names.
         cuts: list of layer names, in model order; each ends a stage.
+        keep_masks: True (the default) refuses cuts that would lose a Keras mask; False
+            allows them, for timing layers one by one (`costmodel.profile_model`): the
+            stages then compute without the lost masks.
 
     Returns:
         A list of `len(cuts) + 1` `keras.Model`s, named `f"{model.name}_stage{k}"`.
@@ -130,9 +142,9 @@ def split_model(model, cuts):
             nested model called more than once), two flattened layers with one name or
             a nested model called with a `mask`, or a cut is not a layer of the model
             (a nested model's own name is not: name one of its layers), is repeated, out
-            of order, or leaves a stage empty.
+            of order, leaves a stage empty or (with `keep_masks`) would lose a Keras mask.
     """
-    graph, stages = _plan_stages(model, cuts)
+    graph, stages = _plan_stages(model, cuts, keep_masks)
     taken = set(graph.names) | set(graph.input_layer_names)
     return [_build_stage(model.name, stage, taken) for stage in stages]
 
