@@ -121,8 +121,9 @@ def build_parser():
     )
     add("epochs", type=int, help="training epochs")
     add("batch_size", type=int, help="mini-batch size (global)")
-    add("optimizer", help="'sgd' (momentum SGD) or 'adamw'; in spectrain mode either "
-        "predicts the weights from its own next update (docs/SPECTRAIN.md section 6c)")
+    add("optimizer", help="'sgd' (momentum SGD; the default for image models) or 'adamw' "
+        "(the default for text models); in spectrain mode either predicts the weights from "
+        "its own next update (docs/SPECTRAIN.md section 6c)")
     add("lr", type=float, help="learning rate (default: 0.01 with sgd, 0.001 with adamw)")
     add("momentum", type=float, help="SGD momentum (sgd only)")
     add("weight_decay", type=float,

@@ -23,14 +23,8 @@ MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
 SWITCHES = ("download", "graph", "histograms", "resume")
 
-# What the text models of the zoo learn; every other model classifies images. A local
-# table until the registry's `models.model_input_kind(name)` ("tokens" for these three)
-# lands; `transformer_lm` stays the one language model either way.
-TEXT_MODELS = {
-    "transformer_lm": "language_model",
-    "transformer_classifier": "text",
-    "residual_lstm": "text",
-}
+# The zoo's one language model; the other models of token sequences classify them.
+LANGUAGE_MODELS = ("transformer_lm",)
 KINDS = {
     "image": "classifies images",
     "text": "classifies token sequences",
@@ -61,7 +55,11 @@ def model_kind(model):
         `"language_model"`, `"text"` (a classifier of token sequences) or `"image"` (every
         other name).
     """
-    return TEXT_MODELS.get(model, "image")
+    if not isinstance(model, str) or model not in models.model_names():
+        return "image"
+    if models.model_input_kind(model) != "tokens":
+        return "image"
+    return "language_model" if model in LANGUAGE_MODELS else "text"
 
 
 def dataset_kind(dataset):
@@ -153,7 +151,7 @@ class RunConfig:
     # CPU as a 4-stage SpecTrain pipeline).
     epochs: int = 4
     batch_size: int = 32
-    optimizer: str = "sgd"
+    optimizer: str | None = None  # None: "adamw" for the text models, else "sgd"
     lr: float | None = None  # None: trainers.DEFAULT_LR of the optimizer
     momentum: float = 0.9
     weight_decay: float | None = None  # None: trainers.DEFAULT_WEIGHT_DECAY of the optimizer
@@ -173,6 +171,9 @@ class RunConfig:
     verbose: int | str = "auto"
 
     def __post_init__(self):
+        if self.optimizer is None:
+            default = "sgd" if model_kind(self.model) == "image" else "adamw"
+            object.__setattr__(self, "optimizer", default)
         if self.optimizer in OPTIMIZERS:
             if self.lr is None:
                 object.__setattr__(self, "lr", DEFAULT_LR[self.optimizer])
