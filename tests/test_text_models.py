@@ -427,8 +427,13 @@ def test_auto_cuts_never_lose_a_mask():
 # ---------------------------------------------------------------- training in every mode
 
 
-@pytest.mark.parametrize("mode", ["sync", "vanilla", "stash", "spectrain"])
-@pytest.mark.parametrize("name", TEXT_MODELS)
+# Every mode on the recurrent model; the transformers (the same stage machinery, which the
+# other modes' tests cover on MLPs) in sync (against Keras) and spectrain (predicting).
+@pytest.mark.parametrize(
+    "name, mode",
+    [("residual_lstm", m) for m in ("sync", "vanilla", "stash", "spectrain")]
+    + [(n, m) for n in ("transformer_lm", "transformer_classifier") for m in ("sync", "spectrain")],
+)
 def test_text_models_train_in_every_mode(name, mode):
     # One block cut in its middle (three tensors cross, the padding mask among them; the
     # LSTM's output carries a Keras mask); sync is also one step of Keras' own `fit`.
