@@ -57,6 +57,7 @@ EPOCH_SECONDS = {
     ("resnet20", 8): 9.0,
     ("small_cnn", "single"): 1.5, ("small_cnn", "dp"): 3.0, ("small_cnn", 4): 2.5,
     ("small_cnn", 8): 3.0,
+    ("lm", "single"): 60.0, ("lm", "dp"): 90.0, ("lm", 4): 90.0, ("lm", 8): 90.0,  # guesses
 }
 GROUP_SECONDS = 20.0
 TRAIN_SIZE = 1437  # digits training images
@@ -288,13 +289,35 @@ def tables(results, args):
                 loss_row.append("n/a" if loss["n"] == 0 else f"{loss['mean']:.3f}")
             acc_rows.append(acc_row)
             loss_rows.append(loss_row)
-        out += [f"**{model}: final test accuracy, % (mean ± std over seeds)**", "",
+        what = "token accuracy" if model == "lm" else "test accuracy"
+        out += [f"**{model}: final {what}, % (mean ± std over seeds)**", "",
                 common.markdown_table(["configuration"] + heads, acc_rows), "",
                 f"**{model}: final training loss (mean over seeds)**", "",
                 common.markdown_table(["configuration"] + heads, loss_rows), ""]
+        if model == "lm":
+            out += _test_loss_table(results, args, model, columns, heads)
         out += _difference_table(results, args, model, columns, heads)
     out += paired_table(results, args)
     return "\n".join(out)
+
+
+def _test_loss_table(results, args, model, columns, heads):
+    """Markdown: the language model's final test loss per token and perplexity, by mode."""
+    rows = []
+    for config in args.configs:
+        row = [config]
+        for lr, n in columns:
+            runs = [r for s, r in results.items() if _matcher(model, config, lr, n)(s)]
+            losses = common.summarise([r["test_loss"][-1] for r in runs if r.get("test_loss")])
+            if losses["n"] == 0:
+                row.append("n/a")
+                continue
+            spread = f" ± {losses['std']:.3f}" if losses["n"] > 1 else ""
+            row.append(f"{losses['mean']:.3f}{spread} ({math.exp(losses['mean']):.1f})")
+        rows.append(row)
+    return [f"**{model}: final test loss per token (mean ± std over seeds; perplexity "
+            "exp(mean) in brackets)**", "",
+            common.markdown_table(["configuration"] + heads, rows), ""]
 
 
 def paired_wins(results, a, b):

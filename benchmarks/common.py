@@ -45,6 +45,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASET = "digits"
 NUM_CLASSES = 10
 INPUT_SHAPE = (32, 32, 3)
+# The language model trains on pydoc (next byte of 128, 256 byte values); the others on digits.
+LM_DATASET, LM_SEQ_LEN, LM_VOCAB = "pydoc", 128, 256
+
+
+def dataset_of(model):
+    """The dataset a benchmark model trains on: `"pydoc"` for `"lm"`, else digits."""
+    return LM_DATASET if model == "lm" else DATASET
 
 # --- child processes ---------------------------------------------------------------------
 
@@ -147,7 +154,7 @@ def resnet20_digits(input_shape, num_classes):
     )
 
 
-MODEL_NAMES = ("vgg", "resnet20", "small_cnn")
+MODEL_NAMES = ("vgg", "resnet20", "small_cnn", "lm")
 
 
 def build_model(name):
@@ -155,8 +162,9 @@ def build_model(name):
 
     Args:
         name: `"vgg"` (the zoo's `vgg16_narrow`: VGG16 with every width divided by 8),
-            `"resnet20"` (`resnet20_digits`) or `"small_cnn"` (the zoo's two-block CNN,
-            for smoke tests).
+            `"resnet20"` (`resnet20_digits`), `"small_cnn"` (the zoo's two-block CNN,
+            for smoke tests) or `"lm"` (the zoo's `transformer_lm`, 4 blocks of width 64,
+            for pydoc's bytes).
 
     Returns:
         A functional `keras.Model` that outputs logits.
@@ -174,6 +182,10 @@ def build_model(name):
         import tf_spectrain
 
         return tf_spectrain.models.get_model("small_cnn", INPUT_SHAPE, NUM_CLASSES)
+    if name == "lm":
+        import tf_spectrain
+
+        return tf_spectrain.models.get_model("transformer_lm", (LM_SEQ_LEN,), LM_VOCAB)
     raise ValueError(f"`model` must be one of {list(MODEL_NAMES)}. Received: model={name!r}")
 
 
@@ -368,7 +380,8 @@ class Runner:
             callbacks: extra Keras callbacks (e.g. `Telemetry`).
 
         Returns:
-            A dict: `test_accuracy`, `train_loss` (one value per epoch), `epoch_seconds`
+            A dict: `test_accuracy`, `test_loss`, `train_loss` (one value per epoch),
+            `epoch_seconds`
             (each epoch's wall time, evaluation included), `seconds` (the whole run),
             `cores` (process CPU time / wall time over the run),
             `cuts` (None for the baselines) and `diverged`. A run whose loss became
@@ -384,11 +397,12 @@ class Runner:
         trainer, cuts = self.trainer(spec)
         # tf.data combines its op seeds with the global seed: fix it for every run.
         keras.utils.set_random_seed(spec.seed)
+        dataset = dataset_of(spec.model)
         train = data.load_epochs(
-            DATASET, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit
+            dataset, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit
         )
-        steps = data.steps_per_epoch(DATASET, spec.batch_size, spec.limit)
-        x_test, y_test = data.load_arrays(DATASET, "test")
+        steps = data.steps_per_epoch(dataset, spec.batch_size, spec.limit)
+        x_test, y_test = data.load_arrays(dataset, "test")
         history, clock = keras.callbacks.History(), _epoch_clock()
         diverged = False
         try:
@@ -404,14 +418,18 @@ class Runner:
         timer.stop()
         loss = [float(v) for v in history.history.get("loss", [])]
         acc = [float(a) for a in history.history.get("val_accuracy", [])]
+        test_loss = [float(v) for v in history.history.get("val_loss", [])]
         done = 0  # epochs that ended with a finite loss and were evaluated
         while done < min(len(loss), len(acc)) and math.isfinite(loss[done]):
             done += 1
         missing = spec.epochs - done
-        acc = acc[:done] + [1.0 / NUM_CLASSES] * missing
+        chance = 1.0 / (LM_VOCAB if spec.model == "lm" else NUM_CLASSES)
+        acc = acc[:done] + [chance] * missing
+        test_loss = test_loss[:done] + [float("nan")] * missing
         loss = loss[:done] + [float("nan")] * missing
         return {
             "test_accuracy": acc,
+            "test_loss": test_loss,
             "train_loss": loss,
             "epoch_seconds": clock.seconds,
             "seconds": timer.wall,

@@ -452,3 +452,17 @@ def test_benchmark_optimizers_are_the_trainers():
     for name in common.OPTIMIZERS:
         settings = common.optimizer_settings(name)
         assert settings == dict(optimizer=name, weight_decay=trainers.DEFAULT_WEIGHT_DECAY[name])
+
+
+def test_the_language_models_test_loss_table_gives_mean_spread_and_perplexity():
+    import argparse
+
+    specs = [common.RunSpec("lm", c, 4, 1e-3, seed, 1, optimizer="adamw", weight_decay=0.01)
+             for c in ("sync", "stash") for seed in (0, 1)]
+    losses = {("sync", 0): 2.0, ("sync", 1): 2.2, ("stash", 0): 3.0, ("stash", 1): 3.0}
+    results = {s: {"test_loss": [9.0, losses[(s.config, s.seed)]]} for s in specs}
+    args = argparse.Namespace(configs=["sync", "stash", "vanilla"])
+    text = "\n".join(accuracy._test_loss_table(results, args, "lm", [(1e-3, 4)], ["h"]))
+    assert "| sync | 2.100 ± 0.141 (8.2) |" in text  # exp(2.1) = 8.17
+    assert "| stash | 3.000 ± 0.000 (20.1) |" in text
+    assert "| vanilla | n/a |" in text
