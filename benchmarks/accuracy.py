@@ -436,7 +436,7 @@ def plot(results, args, path, key="test_accuracy"):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"digits, batch {args.batch_size}, momentum 0.9; mean over seeds "
+    fig.suptitle(f"batch {args.batch_size}, {args.optimizer}; mean over seeds "
                  f"{','.join(map(str, args.seeds))}, band: min-max", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -448,9 +448,10 @@ def describe(args):
     """The setting in one paragraph, with each model's cuts and stage shares."""
     import tf_spectrain  # noqa: F401 - TensorFlow is already set up here
 
-    lines = [f"`{' '.join(['python', '-m', 'benchmarks.accuracy'] + sys.argv[1:])}`: digits "
-             f"({args.limit or 1437} training images, 360 test), batch {args.batch_size}, "
-             f"{args.epochs} epochs, momentum 0.9, weight decay 5e-4, seeds "
+    data_text = ("digits (pydoc for lm) " if "lm" in args.models else "digits ")
+    lines = [f"`{' '.join(['python', '-m', 'benchmarks.accuracy'] + sys.argv[1:])}`: "
+             f"{data_text}({args.limit or 'all'} training examples), batch {args.batch_size}, "
+             f"{args.epochs} epochs, {common.describe_optimizer(args.optimizer)}, seeds "
              f"{', '.join(map(str, args.seeds))}"
              + (f" (sync: the first {args.reference_seeds})"
                 if 0 < args.reference_seeds < len(args.seeds) else "")

@@ -229,6 +229,14 @@ OPTIMIZERS = ("sgd", "adamw")  # trainers.OPTIMIZERS (this module imports no Ten
 _WEIGHT_DECAY = {"sgd": 5e-4, "adamw": 0.01}  # trainers.DEFAULT_WEIGHT_DECAY
 
 
+def describe_optimizer(optimizer):
+    """How a report names the optimizer of `optimizer_settings(optimizer)`."""
+    settings = optimizer_settings(optimizer)
+    if optimizer == "sgd":
+        return f"momentum SGD (0.9), weight decay {settings['weight_decay']:g}"
+    return f"AdamW (Keras' defaults), weight decay {settings['weight_decay']:g}"
+
+
 def optimizer_settings(optimizer):
     """The `RunSpec` fields of `optimizer`: its name and its default weight decay."""
     return dict(optimizer=optimizer, weight_decay=_WEIGHT_DECAY[optimizer])

@@ -285,7 +285,8 @@ def report(runs, args):
     """The markdown of the three tables, with the command."""
     command = " ".join(["python", "-m", "benchmarks.prediction"] + sys.argv[1:])
     return "\n".join([
-        f"`{command}`: digits, batch {args.batch_size}, {args.epochs} epochs, momentum 0.9, "
+        f"`{command}`: digits, batch {args.batch_size}, {args.epochs} epochs, "
+        f"{common.describe_optimizer(args.optimizer)}, "
         f"seed {args.seed}; measured on mini-batches 0, {args.every}, {2 * args.every}, ... "
         "of every epoch, on every stage.", "",
         "**Mean prediction error ratio per stage** (`|W_hat - W_target| / "
