@@ -236,7 +236,7 @@ def _run_processes(order, args, started):
             running.remove(entry)
             os.remove(job_file)
             finished += 1
-            model, config, stages = group[0].trainer_key
+            model, config, stages = group[0].trainer_key[:3]
             if proc.returncode != 0:
                 raise SystemExit(f"The group {model} {config} N={stages} failed (exit status "
                                  f"{proc.returncode}); its finished runs are kept.")

@@ -116,12 +116,16 @@ class Direction:
             self.slots = (last_update,)
 
     def value(self):
-        """The direction `d` as a tensor of the variable's shape and dtype (reads only)."""
+        """The direction `d` as a tensor of the variable's shape and dtype (reads only).
+
+        `d` is a constant to differentiation: a gradient taken at `W + s * d` (through a
+        tape watching `W`) is the gradient at those weights, not through AdamW's decay term.
+        """
         if self.rule is None:
             return ops.zeros_like(self.variable)
         if self.rule != ADAM:
-            return ops.convert_to_tensor(self.slots[0])
-        return self._adam()
+            return ops.stop_gradient(ops.convert_to_tensor(self.slots[0]))
+        return ops.stop_gradient(self._adam())
 
     def _adam(self):
         """Adam's last step re-evaluated at the current count and weights."""
