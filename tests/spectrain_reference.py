@@ -26,10 +26,21 @@ mini-batch); one update follows the last micro-batch of `B(i)`. Every micro-batc
 therefore uses the weights that pass uses at `M = 1`; where the backward recomputes the
 forward (vanilla, paper SpecTrain), each micro-batch recomputes its own.
 
-The optimizer is Keras' SGD (nesterov off): optional decoupled weight decay
+The optimizer is Keras' SGD (nesterov off) by default: optional decoupled weight decay
 `W = W - W * wd * lr`, then `m = momentum * m - lr * g; W = W + m`. At momentum 0 the buffer
 holds the last step `-lr * g` (Keras keeps no buffer there, with the same weights), so one
 predicted step still equals one real step, as SPECTRAIN.md section 4 states.
+
+`optimizer="adam"` / `"adamw"` is Keras' Adam (docs/SPECTRAIN.md section 6c; Keras'
+`adam.py`): at an update with `t = iterations + 1`, after the optional decoupled decay
+`W = W - W * wd * lr` (`"adamw"` needs `weight_decay`), `m = m + (g - m)(1 - beta_1)`,
+`v = v + (g^2 - v)(1 - beta_2)` (`amsgrad`: `v_hat = max(v_hat, v)` takes v's place) and
+`W = W - lr sqrt(1 - beta_2^t) / (1 - beta_1^t) m / (sqrt(v) + eps)`. `"rmsprop"` is Keras'
+RMSprop without momentum or centring: `v = rho v + (1 - rho) g^2; W = W - lr g / sqrt(v + eps)`.
+The prediction is `W_hat = W + s * d` with section 6c's `d`: SGD's `m`; Adam's step re-evaluated
+at the current count `t` and rate, `d = -lr sqrt(1 - beta_2^t) / (1 - beta_1^t) m / (sqrt(v) + eps)
+- lr wd W` (0 at `t = 0`); for RMSprop, or with `direction="last_update"`, the last applied
+update `W_after - W_before` (0 before the first).
 """
 
 import collections
@@ -38,6 +49,19 @@ import numpy as np
 
 MODES = ("sync", "vanilla", "stash", "spectrain")
 TARGETS = ("paper", "consistent")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+DIRECTIONS = ("auto", "last_update")
+
+Rule = collections.namedtuple(
+    "Rule", ["optimizer", "direction", "beta_1", "beta_2", "epsilon", "amsgrad", "rho"],
+    defaults=("sgd", "auto", 0.9, 0.999, 1e-7, False, 0.9),
+)
+Rule.__doc__ = """A stage optimizer's kind and constants (Keras' defaults), and its prediction rule.
+
+Fields: `optimizer` in OPTIMIZERS; `direction` "auto" (section 6c's rule for the optimizer)
+or "last_update"; Adam's `beta_1`, `beta_2`, `epsilon`, `amsgrad`; RMSprop's `rho` (and
+`epsilon`).
+"""
 
 Event = collections.namedtuple(
     "Event", ["epoch", "stage", "kind", "batch", "updates", "weights", "micro"],
@@ -208,20 +232,50 @@ def stage_vjp(x, weights, final, upstream):
 
 
 class _Stage:
-    """One stage's weights, Keras-SGD momentum buffers and update count."""
+    """One stage's weights, optimizer slots (SGD's momentum, Adam's moments) and counts."""
 
-    def __init__(self, weights, final):
+    def __init__(self, weights, final, rule=None):
         self.weights = [np.array(w, dtype=np.float64) for w in weights]
-        self.momentum = [np.zeros_like(w) for w in self.weights]
+        self.momentum = [np.zeros_like(w) for w in self.weights]  # SGD's m, Adam's m
+        self.velocity = [np.zeros_like(w) for w in self.weights]  # Adam's / RMSprop's v
+        self.velocity_hat = [np.zeros_like(w) for w in self.weights]  # amsgrad's max of v
+        self.last_update = [np.zeros_like(w) for w in self.weights]  # W_after - W_before
         self.final = final
+        self.rule = rule or Rule()
         self.updates = 0  # updates finished in the current epoch
+        self.iterations = 0  # updates finished in the whole run (Keras' `iterations`)
 
-    def predicted(self, gap):
-        """Returns `cur + gap * m` as new arrays (copies of `cur` when gap is 0)."""
-        return [w + gap * m for w, m in zip(self.weights, self.momentum)]
+    def predicted(self, gap, lr=None, weight_decay=None):
+        """Returns `cur + gap * d` as new arrays (copies of `cur` when gap is 0).
+
+        `lr` (the rate of the stage's next update) and `weight_decay` enter Adam's `d` only.
+        """
+        if self.rule.optimizer == "sgd" and self.rule.direction == "auto":
+            return [w + gap * m for w, m in zip(self.weights, self.momentum)]
+        return [w + gap * d for w, d in zip(self.weights, self.directions(lr, weight_decay))]
+
+    def directions(self, lr, weight_decay=None):
+        """SPECTRAIN.md section 6c's `d` for each weight, from the state as it stands.
+
+        Adam's `d` uses the rate `lr` of the next update and the decay `weight_decay`.
+        """
+        rule = self.rule
+        if rule.direction == "last_update" or rule.optimizer == "rmsprop":
+            return [np.array(u) for u in self.last_update]
+        if rule.optimizer == "sgd":
+            return [np.array(m) for m in self.momentum]
+        t = self.iterations
+        if t == 0:
+            return [np.zeros_like(w) for w in self.weights]
+        alpha = lr * np.sqrt(1 - rule.beta_2 ** t) / (1 - rule.beta_1 ** t)
+        second = self.velocity_hat if rule.amsgrad else self.velocity
+        ds = [-alpha * m / (np.sqrt(v) + rule.epsilon) for m, v in zip(self.momentum, second)]
+        if weight_decay is not None:
+            ds = [d - lr * weight_decay * w for d, w in zip(ds, self.weights)]
+        return ds
 
     def apply(self, grads, lr, momentum, weight_decay, clip=None, scale=1.0):
-        """Applies one Keras SGD step to the current weights.
+        """Applies one step of the stage's optimizer (Keras SGD by default) to the weights.
 
         `clip` is `("clipnorm", c)` or `("clipvalue", c)` (per variable, as Keras clips);
         `scale` multiplies every gradient first (the global-norm clip's factor).
@@ -231,6 +285,20 @@ class _Stage:
             grads = [g * clip[1] / max(np.sqrt(np.sum(g * g)), clip[1]) for g in grads]
         elif clip is not None and clip[0] == "clipvalue":
             grads = [np.clip(g, -clip[1], clip[1]) for g in grads]
+        before = [np.array(w) for w in self.weights]
+        if self.rule.optimizer == "sgd":
+            self._sgd_step(grads, lr, momentum, weight_decay)
+        elif self.rule.optimizer == "rmsprop":
+            self._rmsprop_step(grads, lr, weight_decay)
+        else:
+            self._adam_step(grads, lr, weight_decay)
+        for u, w, w_before in zip(self.last_update, self.weights, before):
+            u[...] = w - w_before
+        self.updates += 1
+        self.iterations += 1
+
+    def _sgd_step(self, grads, lr, momentum, weight_decay):
+        """Keras SGD (nesterov off), decoupled weight decay first."""
         for w, m, g in zip(self.weights, self.momentum, grads):
             if weight_decay is not None:
                 w -= w * weight_decay * lr
@@ -238,19 +306,45 @@ class _Stage:
             # last step (-lr * g), so one predicted step still equals one real step.
             m[...] = m * momentum - g * lr
             w += m
-        self.updates += 1
+
+    def _adam_step(self, grads, lr, weight_decay):
+        """Keras Adam (adam.py's update_step), decoupled weight decay first (AdamW)."""
+        rule, t = self.rule, self.iterations + 1
+        alpha = lr * np.sqrt(1 - rule.beta_2 ** t) / (1 - rule.beta_1 ** t)
+        for n, (w, m, v, g) in enumerate(zip(self.weights, self.momentum, self.velocity,
+                                             grads)):
+            if weight_decay is not None:
+                w -= w * weight_decay * lr
+            m += (g - m) * (1 - rule.beta_1)
+            v += (g * g - v) * (1 - rule.beta_2)
+            if rule.amsgrad:
+                self.velocity_hat[n][...] = np.maximum(self.velocity_hat[n], v)
+                v = self.velocity_hat[n]
+            w -= m * alpha / (np.sqrt(v) + rule.epsilon)
+
+    def _rmsprop_step(self, grads, lr, weight_decay):
+        """Keras RMSprop without momentum or centring, decoupled weight decay first."""
+        rho, eps = self.rule.rho, self.rule.epsilon
+        for w, v, g in zip(self.weights, self.velocity, grads):
+            if weight_decay is not None:
+                w -= w * weight_decay * lr
+            v[...] = rho * v + (1 - rho) * (g * g)
+            w -= lr * g / np.sqrt(v + eps)
 
 
 # --- execution ----------------------------------------------------------------------------
 
 
-def _weights_for(mode, target, stage, k, num_stages, kind, stashed):
+def _weights_for(opts, stage, k, num_stages, kind, stashed):
     """The weights a pass uses, per the mode table of SPECTRAIN.md section 4."""
+    mode, target = opts["mode"], opts["target"]
     if kind == "B" and (mode == "stash" or (mode == "spectrain" and target == "consistent")):
         return stashed
     if mode == "spectrain":
         s_f, s_b = version_gaps(num_stages, k, target)
-        return stage.predicted(s_f if kind == "F" else s_b)
+        # Section 6c: `d` uses the rate of the stage's next update, its number `iterations`.
+        return stage.predicted(s_f if kind == "F" else s_b, _rate(opts, stage.iterations),
+                               opts["weight_decay"])
     return stage.predicted(0)  # vanilla, stash forward: the current weights
 
 
@@ -303,8 +397,7 @@ def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
         stage = stages[k]
         # Chosen anew for every micro-batch: no update falls inside a pass, so each
         # micro-batch of F(i) (of B(i)) gets the weights F(i) (B(i)) has at M = 1.
-        weights = _weights_for(opts["mode"], opts["target"], stage, k, num_stages, kind,
-                               stashed[k].get(i))
+        weights = _weights_for(opts, stage, k, num_stages, kind, stashed[k].get(i))
         _record(trace, epoch, k, kind, i, stage, weights, j)
         _, labels, share = parts[i][j]
         if kind == "F":
@@ -420,7 +513,7 @@ def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, 
         )
     if not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"`epochs` must be a positive int. Received: epochs={epochs!r}")
-    if not 0 <= momentum <= 1:
+    if momentum is not None and not 0 <= momentum <= 1:
         raise ValueError(f"`momentum` must be a float in [0, 1]. Received: momentum={momentum!r}")
     if (not isinstance(micro_batches, (int, np.integer)) or isinstance(micro_batches, bool)
             or micro_batches < 1):
@@ -451,12 +544,41 @@ def _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, 
             )
 
 
+def _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad):
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"`optimizer` must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}"
+        )
+    if direction not in DIRECTIONS:
+        raise ValueError(
+            f"`direction` must be one of {DIRECTIONS}. Received: direction={direction!r}"
+        )
+    if optimizer == "sgd" and momentum is None:
+        raise ValueError("`momentum` is required with optimizer 'sgd'. Received: momentum=None")
+    if optimizer != "sgd" and momentum is not None:
+        raise ValueError(
+            f"`momentum` applies to optimizer 'sgd' only. Received: momentum={momentum!r}, "
+            f"optimizer={optimizer!r}"
+        )
+    if optimizer == "adamw" and weight_decay is None:
+        raise ValueError(
+            "`optimizer='adamw'` needs a float `weight_decay` (Keras' AdamW default is "
+            "0.004). Received: weight_decay=None"
+        )
+    if amsgrad and optimizer not in ("adam", "adamw"):
+        raise ValueError(
+            f"`amsgrad` applies to optimizers 'adam' and 'adamw' only. Received: "
+            f"amsgrad={amsgrad!r}, optimizer={optimizer!r}"
+        )
+
+
 # --- public entry points ------------------------------------------------------------------
 
 
-def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=1,
+def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, epochs=1,
                     target="paper", micro_batches=1, weight_decay=None, clip=None, pick=min,
-                    trace=None):
+                    trace=None, optimizer="sgd", direction="auto", beta_1=0.9, beta_2=0.999,
+                    epsilon=1e-7, amsgrad=False, rho=0.9):
     """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
 
     Args:
@@ -468,9 +590,10 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
         mode: "sync", "vanilla", "stash" or "spectrain".
         lr: learning rate, or a function of the step (the mini-batch's index counted over
             all epochs) giving the learning rate of that mini-batch's updates.
-        momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`).
-        epochs: number of epochs; the pipeline drains at the end of each, while momentum
-            buffers persist.
+        momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`);
+            required with optimizer "sgd", None with the others.
+        epochs: number of epochs; the pipeline drains at the end of each, while optimizer
+            slots and update counts persist.
         target: "paper" or "consistent"; anything but "paper" needs mode "spectrain".
         micro_batches: M, the micro-batches per mini-batch, in every mode: the mini-batch
             is split in order into M parts of sizes `micro_batch_sizes(B, M)` (equal when M
@@ -488,6 +611,17 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
             ready stage indices; the result must not depend on it.
         trace: optional list; every pass (every micro-batch pass) is appended to it as an
             `Event`.
+        optimizer: every stage's optimizer (each stage has its own slots and count):
+            "sgd" (Keras SGD, nesterov off), "adam", "adamw" (Adam with the decoupled
+            `weight_decay`, which it requires) or "rmsprop" (no momentum, not centred); see
+            the module docstring for the update rules.
+        direction: the prediction's `d` (docs/SPECTRAIN.md section 6c): "auto" (SGD's
+            momentum, Adam's re-evaluated step, RMSprop's last update) or "last_update"
+            (the last applied update `W_after - W_before` of any optimizer, 0 before the
+            first).
+        beta_1, beta_2, epsilon, amsgrad: Adam's constants (Keras' defaults); `epsilon` is
+            also RMSprop's.
+        rho: RMSprop's decay of the squared gradients.
 
     Returns:
         `(final_params, losses)`: the list of `(W, b)` float64 arrays after training, and the
@@ -499,6 +633,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
     """
     _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, epochs,
                      momentum)
+    _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad)
+    rule = Rule(optimizer, direction, beta_1, beta_2, epsilon, amsgrad, rho)
     if clip is not None and clip[0] == "global_clipnorm" and mode != "sync":
         raise ValueError(f"`global_clipnorm` needs mode 'sync'. Received: mode={mode!r}")
     batches = [(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64))
@@ -506,7 +642,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum, epochs=
     flat = [w for pair in params for w in pair]
     stages, start = [], 0
     for k, size in enumerate(stage_sizes):
-        stages.append(_Stage(flat[2 * start:2 * (start + size)], k == len(stage_sizes) - 1))
+        stages.append(_Stage(flat[2 * start:2 * (start + size)], k == len(stage_sizes) - 1,
+                             rule))
         start += size
     opts = dict(mode=mode, target=target, lr=lr, momentum=momentum,
                 weight_decay=weight_decay, micro_batches=micro_batches, clip=clip)
