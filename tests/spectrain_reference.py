@@ -252,6 +252,8 @@ class _Stage:
         """
         if self.rule.optimizer == "sgd" and self.rule.direction == "auto":
             return [w + gap * m for w, m in zip(self.weights, self.momentum)]
+        if gap == 0:
+            return [np.array(w) for w in self.weights]
         return [w + gap * d for w, d in zip(self.weights, self.directions(lr, weight_decay))]
 
     def directions(self, lr, weight_decay=None):

@@ -554,3 +554,242 @@ def test_micro_batches_match_a_hand_written_vanilla_pipeline():
         np.testing.assert_allclose(losses, whole_losses, rtol=1e-12)
     sync, _ = ref.train_reference(params, [2, 2], batches, mode="sync", lr=0.4, momentum=0.9)
     assert _max_diff(whole, sync) > 1e-3  # contrast: stage 0's stale forward matters
+
+
+# --- Adam, AdamW, RMSprop and the last-update rule (issue 16, SPECTRAIN.md section 6c) -----
+
+
+def _network_gradients(weights, x, y):
+    """Whole-network backprop of the mean cross-entropy; returns [(dW, db)] per layer."""
+    pre, post = _dense(x, weights, True)
+    logits = pre[-1] - pre[-1].max(axis=1, keepdims=True)
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    delta = (probs - np.eye(probs.shape[1])[y]) / len(y)
+    return _dense_vjp(pre, post, weights, delta, True)[0]
+
+
+def _plain_adam(params, batches, lr, epochs, weight_decay=None, amsgrad=False,
+                beta_1=0.9, beta_2=0.999, eps=1e-7):
+    """Sequential Adam in the bias-corrected form, written apart from the reference.
+
+    `W -= lr * m_hat / (sqrt(v_hat) + eps / sqrt(1 - beta_2^t))` is Keras' step
+    `lr sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + eps)` (eps beside `sqrt(v)`,
+    the paper's "epsilon hat"), after AdamW's decay `W -= W * wd * lr`.
+    """
+    weights = [[np.array(a, dtype=np.float64) for a in pair] for pair in params]
+    m = [[np.zeros_like(a) for a in pair] for pair in weights]
+    v = [[np.zeros_like(a) for a in pair] for pair in weights]
+    v_max = [[np.zeros_like(a) for a in pair] for pair in weights]
+    t = 0
+    for _ in range(epochs):
+        for x, y in batches:
+            grads = _network_gradients(weights, x, y)
+            t += 1
+            for n, j in itertools.product(range(len(weights)), range(2)):
+                g = grads[n][j]
+                if weight_decay is not None:
+                    weights[n][j] = weights[n][j] * (1 - weight_decay * lr)
+                m[n][j] = beta_1 * m[n][j] + (1 - beta_1) * g
+                v[n][j] = beta_2 * v[n][j] + (1 - beta_2) * g ** 2
+                v_max[n][j] = np.maximum(v_max[n][j], v[n][j])
+                m_hat = m[n][j] / (1 - beta_1 ** t)
+                v_hat = (v_max if amsgrad else v)[n][j] / (1 - beta_2 ** t)
+                weights[n][j] = weights[n][j] - lr * m_hat / (
+                    np.sqrt(v_hat) + eps / np.sqrt(1 - beta_2 ** t))
+    return weights
+
+
+def test_adam_first_two_steps_equal_a_hand_computation():
+    # One stage, two mini-batches: Keras' Adam written out per step.
+    # Step 1: m = (1 - b1) g1, v = (1 - b2) g1^2, so W1 = W0 - lr g1 / (|g1| + eps / sqrt(1 - b2)).
+    # Step 2: m = (1 - b1)(b1 g1 + g2), v = (1 - b2)(b2 g1^2 + g2^2),
+    #         W2 = W1 - lr sqrt(1 - b2^2) / (1 - b1^2) m / (sqrt(v) + eps).
+    lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-7
+    params, batches = ref.make_problem(8, LAYERS, 2, 6)
+    w0 = [list(pair) for pair in params]
+    g1 = _network_gradients(w0, *batches[0])
+    w1 = [[w - lr * g / (np.abs(g) + eps / np.sqrt(1 - b2)) for w, g in zip(pw, pg)]
+          for pw, pg in zip(w0, g1)]
+    g2 = _network_gradients(w1, *batches[1])
+    w2 = []
+    for pw, pg1, pg2 in zip(w1, g1, g2):
+        layer = []
+        for w, a, b in zip(pw, pg1, pg2):
+            m, v = (1 - b1) * (b1 * a + b), (1 - b2) * (b2 * a * a + b * b)
+            layer.append(w - lr * np.sqrt(1 - b2 ** 2) / (1 - b1 ** 2) * m / (np.sqrt(v) + eps))
+        w2.append(layer)
+    for steps, want in ((1, w1), (2, w2)):
+        got, _ = ref.train_reference(params, [4], batches[:steps], mode="sync", lr=lr,
+                                     optimizer="adam")
+        assert _max_diff(got, want) < 1e-14
+    assert _max_diff(w2, params) > 1e-2
+
+
+@pytest.mark.parametrize("optimizer, weight_decay, amsgrad, stage_sizes, micro_batches, epochs", [
+    ("adam", None, False, (1, 2, 1), 1, 1),
+    ("adam", None, False, (1, 1, 1, 1), 2, 2),
+    ("adamw", 0.05, False, (1, 2, 1), 1, 2),
+    ("adam", 0.05, False, (4,), 4, 1),  # Keras' Adam takes a weight decay too
+    ("adam", None, True, (1, 3), 1, 3),
+    ("adamw", 0.05, True, (2, 2), 2, 2),
+])
+def test_sync_adam_equals_plain_sequential_adam(optimizer, weight_decay, amsgrad, stage_sizes,
+                                                micro_batches, epochs):
+    params, batches = ref.make_problem(4, LAYERS, 5, 8)
+    got, _ = ref.train_reference(params, list(stage_sizes), batches, mode="sync", lr=0.02,
+                                 epochs=epochs, micro_batches=micro_batches,
+                                 weight_decay=weight_decay, optimizer=optimizer,
+                                 amsgrad=amsgrad)
+    want = _plain_adam(params, batches, 0.02, epochs, weight_decay, amsgrad)
+    assert _max_diff(got, want) < 1e-10
+    assert _max_diff(got, params) > 1e-2  # training moved the weights
+
+
+def test_amsgrad_and_weight_decay_change_the_result():
+    # Contrast for the table above: each option alone moves the weights measurably.
+    params, batches = ref.make_problem(4, LAYERS, 5, 8)
+    base = _plain_adam(params, batches, 0.02, 3)
+    assert _max_diff(_plain_adam(params, batches, 0.02, 3, amsgrad=True), base) > 1e-4
+    assert _max_diff(_plain_adam(params, batches, 0.02, 3, weight_decay=0.05), base) > 1e-4
+
+
+def _plain_rmsprop(params, batches, lr, rho=0.9, eps=1e-7):
+    """Sequential Keras RMSprop (no momentum, not centred), written apart from the reference."""
+    weights = [[np.array(a, dtype=np.float64) for a in pair] for pair in params]
+    v = [[np.zeros_like(a) for a in pair] for pair in weights]
+    for x, y in batches:
+        grads = _network_gradients(weights, x, y)
+        for n, j in itertools.product(range(len(weights)), range(2)):
+            v[n][j] = rho * v[n][j] + (1 - rho) * grads[n][j] ** 2
+            weights[n][j] = weights[n][j] - lr * grads[n][j] / np.sqrt(v[n][j] + eps)
+    return weights
+
+
+def test_sync_rmsprop_equals_plain_sequential_rmsprop():
+    params, batches = ref.make_problem(4, LAYERS, 5, 8)
+    got, _ = ref.train_reference(params, [1, 2, 1], batches, mode="sync", lr=0.01,
+                                 optimizer="rmsprop")
+    assert _max_diff(got, _plain_rmsprop(params, batches, 0.01)) < 1e-10
+
+
+# With N = 3, s_b = 0 on stages 0 and 1, so B(n) sees W^(n) itself, and F(j) uses
+# W^(n) + s_f * d with n = j - (N - 1 - k) updates done. Section 6c's d, as a multiple of
+# the last update u = W^(n) - W^(n-1) (constant rate unless noted):
+# - Adam: d is the step at update n re-evaluated with the same rate: d = u.
+# - AdamW: u = a - lr wd W^(n-1) and d = a - lr wd W^(n), so d = (1 - lr wd) u.
+# - a schedule: d uses the rate of update n + 1: d = lr(n) / lr(n - 1) * u (no decay).
+# - last_update (any optimizer), RMSprop: d = u.
+def _schedule(step):
+    return 0.02 / (1 + 0.5 * step)
+
+
+@pytest.mark.parametrize("optimizer, weight_decay, amsgrad, lr, direction, factor", [
+    ("adam", None, False, 0.02, "auto", lambda n: 1.0),
+    ("adam", None, True, 0.02, "auto", lambda n: 1.0),
+    ("adamw", 0.1, False, 0.02, "auto", lambda n: 1 - 0.02 * 0.1),
+    ("adamw", 0.1, True, 0.02, "auto", lambda n: 1 - 0.02 * 0.1),
+    ("adam", None, False, _schedule, "auto", lambda n: _schedule(n) / _schedule(n - 1)),
+    ("adamw", 0.1, False, 0.02, "last_update", lambda n: 1.0),
+    ("adam", None, False, _schedule, "last_update", lambda n: 1.0),
+    ("rmsprop", None, False, 0.01, "auto", lambda n: 1.0),
+    ("sgd", 0.01, False, 0.3, "last_update", lambda n: 1.0),
+])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_prediction_follows_the_rule_of_section_6c(stage, optimizer, weight_decay, amsgrad, lr,
+                                                  direction, factor):
+    trace = []
+    params, batches = ref.make_problem(0, LAYERS, 6, 4)
+    ref.train_reference(params, [1, 2, 1], batches, mode="spectrain", lr=lr,
+                        momentum=0.9 if optimizer == "sgd" else None, optimizer=optimizer,
+                        weight_decay=weight_decay, amsgrad=amsgrad, direction=direction,
+                        trace=trace)
+    used = {(e.stage, e.kind, e.batch): e.weights for e in trace}
+    s_f, lag = {0: 2, 1: 1}[stage], 2 - stage
+    for j in range(lag + 1):  # no update yet: d = 0, W_hat = W^(0)
+        assert all(np.array_equal(a, b) for a, b in zip(used[(stage, "F", j)],
+                                                      used[(stage, "B", 0)]))
+    for j in range(lag + 1, 6):
+        n = j - lag
+        now, before = used[(stage, "B", n)], used[(stage, "B", n - 1)]
+        for got, w, w_prev in zip(used[(stage, "F", j)], now, before):
+            np.testing.assert_allclose(got, w + s_f * factor(n) * (w - w_prev),
+                                       rtol=1e-12, atol=1e-14)
+        assert max(np.max(np.abs(w - w_prev)) for w, w_prev in zip(now, before)) > 1e-4
+
+
+@pytest.mark.parametrize("mode, target", ALL_CONFIGS)
+def test_one_stage_adam_equals_sync_in_every_mode(mode, target):
+    # On a single stage every gap is 0, so no mode predicts or goes stale.
+    params, batches = ref.make_problem(0, LAYERS, 6, 4)
+    kwargs = dict(lr=0.02, optimizer="adamw", weight_decay=0.1, epochs=2)
+    want, _ = ref.train_reference(params, [4], batches, mode="sync", **kwargs)
+    got, _ = ref.train_reference(params, [4], batches, mode=mode, target=target, **kwargs)
+    assert _max_diff(got, want) < 1e-12
+
+
+def _adam_run(mode, target="paper", stage_sizes=(1, 1, 1, 1), **kwargs):
+    params, batches = ref.make_problem(0, LAYERS, 6, 4)
+    options = dict(lr=0.02, optimizer="adamw", weight_decay=0.1, epochs=2)
+    options.update(kwargs)
+    return ref.train_reference(params, list(stage_sizes), batches, mode=mode, target=target,
+                               **options)[0]
+
+
+def test_adam_modes_differ_clearly():
+    # Each mode changes the result: the comparisons of the real pipeline with this
+    # reference can tell them apart.
+    finals = {config: _adam_run(*config) for config in ALL_CONFIGS}
+    for a, b in itertools.combinations(finals, 2):
+        assert _max_diff(finals[a], finals[b]) > 1e-3, (a, b)
+
+
+def test_adam_rule_and_last_update_rule_differ_only_by_rate_and_decay():
+    # At a constant rate and without decay, Adam's d is its last step (d = u above), so the
+    # two rules give the same training; a decaying schedule or AdamW's decay parts them.
+    for target in ref.TARGETS:
+        same = [_adam_run("spectrain", target, optimizer="adam", weight_decay=None,
+                          direction=direction) for direction in ref.DIRECTIONS]
+        assert _max_diff(*same) < 1e-12
+        for options in (dict(lr=lambda step: 0.04 / (1 + step)),
+                        dict(weight_decay=2.0, lr=0.05)):
+            runs = [_adam_run("spectrain", target, direction=direction, **options)
+                    for direction in ref.DIRECTIONS]
+            assert _max_diff(*runs) > 1e-3, (target, options)
+
+
+@pytest.mark.parametrize("mode, target", ASYNC_CONFIGS)
+def test_adam_result_does_not_depend_on_pick_order(mode, target):
+    want = _adam_run(mode, target, micro_batches=2)
+    rng = np.random.default_rng(0)
+    got = _adam_run(mode, target, micro_batches=2, pick=lambda ready: int(rng.choice(ready)))
+    assert _max_diff(got, want) == 0.0
+
+
+@pytest.mark.parametrize("mode, target", ALL_CONFIGS)
+def test_adam_micro_batches_give_the_weights_of_whole_mini_batches(mode, target):
+    # The summed share-weighted gradients are the mini-batch's; Adam sees the same sums.
+    params, _ = ref.make_problem(0, LAYERS, 1, 1)
+    batches = _batches([7] * 5 + [5])
+    kwargs = dict(mode=mode, target=target, lr=0.02, optimizer="adamw", weight_decay=0.1,
+                  epochs=2)
+    want, _ = ref.train_reference(params, [1, 2, 1], batches, **kwargs)
+    got, _ = ref.train_reference(params, [1, 2, 1], batches, micro_batches=3, **kwargs)
+    assert _max_diff(got, want) < 1e-10
+    assert _max_diff(got, params) > 1e-2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(optimizer="adamz"), "`optimizer` must be one of .*Received: optimizer='adamz'"),
+    (dict(optimizer="adam", direction="momentum"), "Received: direction='momentum'"),
+    (dict(optimizer="sgd", momentum=None), "`momentum` is required with optimizer 'sgd'"),
+    (dict(optimizer="adam", momentum=0.9),
+     "applies to optimizer 'sgd' only. Received: momentum=0.9, optimizer='adam'"),
+    (dict(optimizer="adamw"), "needs a float `weight_decay`.*Received: weight_decay=None"),
+    (dict(optimizer="rmsprop", amsgrad=True), "amsgrad=True, optimizer='rmsprop'"),
+])
+def test_bad_optimizer_arguments_are_named(overrides, message):
+    params, batches = ref.make_problem(0, LAYERS, 2, 4)
+    kwargs = dict(stage_sizes=[1, 2, 1], batches=batches, mode="spectrain", lr=0.1)
+    kwargs.update(overrides)
+    with pytest.raises(ValueError, match=message):
+        ref.train_reference(params, **kwargs)
