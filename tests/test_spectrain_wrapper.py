@@ -221,6 +221,22 @@ def test_adam_prediction_does_not_use_the_textbook_epsilon():
     assert np.max(np.abs(keras_form - textbook)) > 1e-3
 
 
+@pytest.mark.parametrize("direction", ["auto", "last_update"])
+def test_d_is_a_constant_to_the_gradient(direction):
+    # SPECTRAIN.md section 5: a pass differentiates the stage at the weights it uses, so a
+    # tape watching W through W + s * d gives the gradient at W_hat; AdamW's d reads W
+    # (- lr * wd * W), and without a stop the gradient would be scaled by 1 - s * lr * wd.
+    optimizer = SpecTrain(keras.optimizers.AdamW(0.1, weight_decay=0.5), direction=direction)
+    variables = _trained(optimizer, steps=2)
+    weights = np.random.default_rng(5).normal(size=(3, 2)).astype("float32")
+    with tf.GradientTape() as tape:
+        tape.watch(variables[0].value)
+        w_hat = optimizer.predicted_weights(variables[:1], 4)[0]
+        loss = tf.reduce_sum(w_hat * weights)
+    grad = tape.gradient(loss, variables[0].value)
+    np.testing.assert_allclose(np.array(grad), weights, rtol=1e-6)  # not (1 - 0.2) * weights
+
+
 # --- prediction changes nothing; d = 0 before the first update ---------------------------
 
 
