@@ -306,8 +306,6 @@ def test_last_update_rule_is_w_after_minus_w_before(name):
             assert np.max(np.abs(u)) > 1e-4
 
 
-@pytest.mark.xfail(strict=True, reason="defect: an accumulation-only apply resets the "
-                   "last-update slot to 0 (W did not change), though no update was applied")
 def test_last_update_survives_gradient_accumulation_steps():
     # With gradient_accumulation_steps=2 Keras updates on every second call (iterations
     # counts updates only); the calls between change no weight and are no update, so d

@@ -289,11 +289,17 @@ class SpecTrain(keras.optimizers.Optimizer):
                      else list(self._trainable_variables))
         kept = [(d.slots[0], v) for d, v in ((self._direction(v), v) for v in variables)
                 if d.rule == directions.LAST_UPDATE]
-        for slot, v in kept:
-            slot.assign(v)
+        if not kept:
+            self.inner_optimizer.apply(grads, trainable_variables)
+            return
+        count = ops.copy(ops.convert_to_tensor(self.inner_optimizer.iterations))
+        before = [ops.copy(ops.convert_to_tensor(v)) for _, v in kept]
         self.inner_optimizer.apply(grads, trainable_variables)
-        for slot, v in kept:
-            slot.assign(ops.subtract(v, slot))
+        # A call that only accumulates a gradient (`gradient_accumulation_steps`) leaves
+        # the update count, and so the last update, as they were.
+        updated = ops.greater(ops.convert_to_tensor(self.inner_optimizer.iterations), count)
+        for (slot, v), w in zip(kept, before):
+            slot.assign(ops.where(updated, ops.subtract(v, w), slot))
 
     def apply_gradients(self, grads_and_vars):
         """Applies `(gradient, variable)` pairs, as Keras optimizers do.
