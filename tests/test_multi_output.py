@@ -262,6 +262,16 @@ def _dataset(x, y):
 X, Y1, Y2 = _data(12)
 
 
+@pytest.fixture(scope="module")
+def refusing_pipe():
+    """One compiled sync pipeline for the refusals below: each checks that no step ran (its
+    weights stay as the case found them), so they can share it (a pipeline costs its set-up)."""
+    model = _model()
+    pipe = PipelineModel(model, cuts=CUTS, devices=DEVICES, mode="sync")
+    pipe.compile("sgd", loss=["mse", _scce()])
+    return pipe, model
+
+
 @pytest.mark.parametrize(
     "make_kwargs, pattern",
     [
@@ -290,10 +300,9 @@ X, Y1, Y2 = _data(12)
          r"but `validation_data\[1\]` is a list of 1 items"),
     ],
 )
-def test_fit_refuses_labels_that_do_not_fit_before_training(make_kwargs, pattern):
-    model = _model()
-    pipe = PipelineModel(model, cuts=CUTS, devices=DEVICES, mode="sync")
-    pipe.compile("sgd", loss=["mse", _scce()])
+def test_fit_refuses_labels_that_do_not_fit_before_training(refusing_pipe, make_kwargs,
+                                                           pattern):
+    pipe, model = refusing_pipe
     w0 = model.get_weights()
     with pytest.raises(ValueError, match=pattern):
         pipe.fit(batch_size=BATCH, verbose=0, **make_kwargs())
