@@ -4,7 +4,10 @@ This runs at import time, before any test module creates a TensorFlow op, so eve
 place work on `/CPU:0` .. `/CPU:3`.
 """
 
+import json
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -48,3 +51,58 @@ def loopback_run(tmp_path_factory):
     finally:
         workers.close()  # kills both workers by pid
     return dict(result, cluster=cluster)
+
+
+class KerasOnly:
+    """The `keras_only` fixture's child process (tests/keras_only_child.py)."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.count = 0
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "keras_only_child.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env, cwd=tmp_path)
+
+    def _answer(self):
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise AssertionError(f"the Keras-only process ended (exit code {self.process.wait()})")
+
+    def predict(self, model_path, x):
+        """Loads `model_path` in the child and returns its predictions for `x`; fails the
+        test if the load or predict fails or the child holds any tf_spectrain module."""
+        import numpy as np
+
+        self.count += 1
+        x_path = self.tmp_path / f"x{self.count}.npy"
+        out_path = self.tmp_path / f"out{self.count}.npy"
+        np.save(x_path, x)
+        request = {"model": str(model_path), "x": str(x_path), "out": str(out_path)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self._answer()
+        assert "error" not in answer, answer.get("error")
+        assert answer["tf_spectrain"] == [], "the child imported tf_spectrain"
+        return np.load(out_path)
+
+
+@pytest.fixture(scope="session")
+def keras_only(tmp_path_factory):
+    """A Python process that imports Keras but never tf_spectrain, shared by the tests that
+    check that a saved model loads without tf_spectrain (each fresh process costs seconds of
+    TensorFlow imports): `keras_only.predict(path, x)`. Ended (by pid) after the session."""
+    loader = KerasOnly(tmp_path_factory.mktemp("keras_only"))
+    try:
+        ready = loader._answer()
+        assert ready == {"ready": True}, ready
+        yield loader
+    finally:
+        loader.process.stdin.close()
+        try:
+            loader.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(loader.process.pid, 9)
+            loader.process.wait()

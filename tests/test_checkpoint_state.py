@@ -29,6 +29,21 @@ from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
 from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
 
+_UNINTERRUPTED = {}
+
+
+def uninterrupted(mode, tmp_path_factory, optimizer=None):
+    """`pipeline(mode)` trained EPOCHS epochs with a checkpoint at every epoch end (kept):
+    (the pipeline, the checkpoint paths). Once per mode: the spectrain run is the
+    reference of three tests (each run costs its tracing and 3 epochs). Read only."""
+    key = (mode, optimizer)
+    if key not in _UNINTERRUPTED:
+        directory = tmp_path_factory.mktemp(f"whole_{mode}")
+        whole = pipeline(mode, optimizer=optimizer)
+        train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(directory, keep=None)])
+        _UNINTERRUPTED[key] = (whole, checkpoint_store.list_checkpoints(directory))
+    return _UNINTERRUPTED[key]
+
 
 def _adamw():
     return keras.optimizers.AdamW(3e-3, weight_decay=1e-2)
@@ -43,10 +58,8 @@ def _rmsprop():  # SpecTrain keeps its last update in a slot of its own
     [("spectrain", None), ("stash", None), ("vanilla", None), ("spectrain", _adamw),
      ("spectrain", _rmsprop)],
 )
-def test_resumed_after_epoch_e_equals_uninterrupted(mode, optimizer, tmp_path):
-    whole = pipeline(mode, optimizer=optimizer)
-    train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
-    paths = checkpoint_store.list_checkpoints(tmp_path)
+def test_resumed_after_epoch_e_equals_uninterrupted(mode, optimizer, tmp_path_factory):
+    whole, paths = uninterrupted(mode, tmp_path_factory, optimizer)
     assert [os.path.basename(p) for p in paths] == [
         f"ckpt-e{e:04d}-b000000" for e in range(1, EPOCHS + 1)
     ]
@@ -177,12 +190,11 @@ def test_plain_keras_model_round_trip(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_a_planned_pipeline_restores_at_the_checkpoints_cuts(tmp_path):
+def test_a_planned_pipeline_restores_at_the_checkpoints_cuts(tmp_path_factory):
     # Timings vary between runs, so a fresh plan may cut elsewhere than the run that saved
     # the checkpoint; the restore re-cuts the planned pipeline at the saved cuts.
-    whole = pipeline("spectrain")  # cuts dense0, bn
-    train(whole, 0, EPOCHS, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
-    first = checkpoint_store.list_checkpoints(tmp_path)[0]
+    whole, paths = uninterrupted("spectrain", tmp_path_factory)  # cuts dense0, bn
+    first = paths[0]
     resumed = PipelineModel(tiny_model(), num_stages=3, mode="spectrain")
     assert resumed.planned_cuts and resumed.partition_plan.cuts == resumed.cuts
     resumed.use_cuts(["pool", "dense1"])  # stands in for a plan that came out differently
@@ -198,10 +210,9 @@ def test_a_planned_pipeline_restores_at_the_checkpoints_cuts(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_given_cuts_are_never_replaced_by_a_checkpoints(tmp_path):
-    whole = pipeline("spectrain")
-    train(whole, 0, 1, callbacks=[PipelineCheckpoint(tmp_path, keep=None)])
+def test_given_cuts_are_never_replaced_by_a_checkpoints(tmp_path_factory):
+    _, paths = uninterrupted("spectrain", tmp_path_factory)  # its epoch-1 checkpoint
     other = pipeline("spectrain", cuts=("pool", "dense1"))
     with pytest.raises(ValueError, match="cuts"):
-        restore_checkpoint(other, checkpoint_store.latest_checkpoint(tmp_path))
+        restore_checkpoint(other, paths[0])
     assert other.cuts == ["pool", "dense1"]

@@ -6,7 +6,8 @@ must be identical. The parts are tested alone elsewhere: the storage layer (atom
 checksums, a writer killed with SIGKILL) in test_checkpoint_store.py and
 test_checkpoint_format.py, saving and restoring a pipeline's state in
 test_checkpoint_state.py, the Keras callback in test_checkpoint_callback.py; here a real
-train.py process is interrupted with SIGINT, SIGTERM and SIGKILL.
+train.py process is interrupted with SIGINT and SIGKILL, and `cli.main` (train.py's main,
+in this process) with SIGTERM.
 """
 
 import dataclasses
@@ -15,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import keras
@@ -108,35 +108,88 @@ LONG = ["--model", "mlp", "--gpus", "3", "--limit", "400", "--batch-size", "4",
         "--epochs", "3", "--prediction-every", "0"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_drains_saves_and_says_how_to_resume(signum, tmp_path):
+STOPPED = (r"Stopped by (\w+) at epoch (\d+), after (\d+) of its (\d+) mini-batches. "
+           r"Saved checkpoint (\S+)\.\nTo resume: (.*)")
+
+
+def test_sigint_drains_saves_and_says_how_to_resume(tmp_path, keras_only):
+    """A real train.py process, SIGINT from outside at an arbitrary moment of epoch 2."""
     logdir = tmp_path / "run"
     process = _start(LONG + ["--logdir", str(logdir)], tmp_path)
     _wait_for_checkpoint(logdir / "checkpoints", process)
     time.sleep(0.5)  # into epoch 2
-    process.send_signal(signum)
+    process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err[-3000:]
+    path, command = _assert_stopped_and_saved(out, err, "SIGINT", logdir, 100)
+    _sigkill_then_finish(command.split()[2:], path, logdir, tmp_path)
+    # The exported model loads, and predicts, in a process without tf_spectrain.
+    out = keras_only.predict(logdir / "model.keras", np.zeros((2, 32, 32, 3), "float32"))
+    assert out.shape == (2, 10), out.shape
+
+
+def test_sigterm_drains_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """The same handler takes SIGTERM (`_StopOnSignal.install` handles both signals).
+
+    In process (a separate train.py costs ~14 s of CPU, mostly imports): `cli.main` installs
+    the handler, and the kernel delivers a SIGTERM this process sends itself from a callback
+    in the middle of epoch 2 (epoch index 1); the handler runs in the main thread as it
+    would in train.py. SIGINT is sent from outside, at an arbitrary moment, in
+    test_sigint_drains_saves_and_says_how_to_resume."""
+    from tf_spectrain import training
+    from tf_spectrain.callbacks import Telemetry
+
+    class TermMidEpoch(Telemetry):
+        def on_epoch_begin(self, epoch, logs=None):
+            super().on_epoch_begin(epoch, logs)
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            super().on_train_batch_end(batch, logs)
+            if self.epoch == 1 and batch == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(training, "Telemetry", TermMidEpoch)
+    unhandled = []  # SIGTERMs that reached the handler main replaces (not pytest's death)
+
+    def fallback(signum, frame):
+        unhandled.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, fallback)
+    logdir = tmp_path / "run"
+    argv = ["--model", "mlp", "--gpus", "3", "--cuts", "dense1,dense2", "--limit", "128",
+            "--batch-size", "4", "--epochs", "2", "--prediction-every", "0",
+            "--logdir", str(logdir)]
+    try:
+        code, captured = run_cli(argv, capsys)
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 0, captured.err[-3000:]
+    assert not unhandled and restored is fallback  # main handled it, then restored ours
+    _assert_stopped_and_saved(captured.out, captured.err, "SIGTERM", logdir, 32)
+
+
+def _assert_stopped_and_saved(out, err, name, logdir, per_epoch):
+    """Checks the drain message of a stop by `name` in epoch 1; returns (checkpoint, command)."""
     assert "Traceback" not in err
-    name = signal.Signals(signum).name
     assert f"{name} received" in err
-    match = re.search(r"Stopped by (\w+) at epoch (\d+), after (\d+) of its (\d+) mini-batches. "
-                      r"Saved checkpoint (\S+)\.\nTo resume: (.*)", out)
+    match = re.search(STOPPED, out)
     assert match, out
     epoch, batch = int(match.group(2)), int(match.group(3))
     path, command = match.group(5), match.group(6)
-    assert match.group(1) == name and epoch == 1 and 0 < batch < 100
+    assert match.group(1) == name and epoch == 1 and 0 < batch < per_epoch
+    assert int(match.group(4)) == per_epoch
     assert checkpoint_store.latest_checkpoint(logdir / "checkpoints") == path
     assert os.path.basename(path) == f"ckpt-e{epoch:04d}-b{batch:06d}"
     assert "--resume" in command
-    if signum == signal.SIGINT:  # SIGTERM stops the same way (one handler for both)
-        _sigkill_then_finish(command.split()[2:], path, logdir, tmp_path)
+    return path, command
 
 
 def _sigkill_then_finish(argv, stopped_at, logdir, tmp_path):
     """The printed command resumes the run; killed (SIGKILL) 1 s after its next epoch-end
     checkpoint, it leaves a resumable run: the same command resumes it from that
-    checkpoint, finishes and exports the model, which loads without tf_spectrain.
+    checkpoint, finishes and exports the model (which the caller loads without tf_spectrain).
 
     (One chain of runs for both checks: each train.py costs seconds of imports.)"""
     directory = logdir / "checkpoints"
@@ -155,24 +208,6 @@ def _sigkill_then_finish(argv, stopped_at, logdir, tmp_path):
     assert f"resuming {newest}" in out and "test accuracy" in out
     names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(directory)]
     assert names[-1] == "ckpt-e0003-b000000"
-    _assert_loads_without_tf_spectrain(logdir / "model.keras", tmp_path)
-
-
-def _assert_loads_without_tf_spectrain(path, tmp_path):
-    script = textwrap.dedent(
-        f"""
-        import sys
-        import keras, numpy as np
-        model = keras.models.load_model({str(path)!r})
-        out = model.predict(np.zeros((2, 32, 32, 3), "float32"), verbose=0)
-        assert out.shape == (2, 10), out.shape
-        assert not any(m.startswith("tf_spectrain") for m in sys.modules), "imported"
-        """
-    )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def _tensor_scalars(logdir, tag):

@@ -13,9 +13,6 @@ under a minute; conftest.py has split the CPU into /CPU:0 .. /CPU:3.
 
 import csv
 import os
-import subprocess
-import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -94,6 +91,22 @@ def keras_reference(model, optimizer=None, **fit_kwargs):
     fit_kwargs.setdefault("verbose", 0)
     history = ref.fit(**fit_kwargs)
     return ref, history
+
+
+_SHARED = {}
+
+
+def shared_reference(key, model, **fit_kwargs):
+    """`keras_reference` for cases that train the same model from the same weights on the
+    same mini-batches: Keras trains once per `key`; returns (weights, history dict).
+
+    The cached run must have started from `model`'s current weights (checked)."""
+    if key not in _SHARED:
+        ref, history = keras_reference(model, **fit_kwargs)
+        _SHARED[key] = (model.get_weights(), ref.get_weights(), history.history)
+    initial, weights, history = _SHARED[key]
+    assert_weights_close(model.get_weights(), initial, atol=0)
+    return weights, history
 
 
 def evaluator(model):
@@ -188,14 +201,15 @@ def test_one_stage_pipeline_equals_model_fit(mode, optimizer):
 def test_sync_with_batch_norm_equals_keras_sgd(cuts):
     x, y = make_data()
     model = make_cnn()
-    ref, ref_history = keras_reference(model, x=x, y=y, batch_size=BATCH, epochs=2, shuffle=False)
+    ref_weights, ref_history = shared_reference(
+        "cnn, 2 epochs", model, x=x, y=y, batch_size=BATCH, epochs=2, shuffle=False)
     pipe = compiled_pipe(model, cuts=cuts, mode="sync")
     history = pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     assert pipe.num_stages == len(cuts) + 1
     bn = model.get_layer("bn2")
     assert max_change(bn.get_weights()[2:], [np.zeros(4), np.ones(4)]) > 1e-2  # stats moved
-    assert_weights_close(model.get_weights(), ref.get_weights())
-    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    assert_weights_close(model.get_weights(), ref_weights)
+    np.testing.assert_allclose(history.history["loss"], ref_history["loss"], rtol=1e-5)
 
 
 @pytest.mark.parametrize("micro_batches, as_dataset", [(2, False), (4, False), (3, True)])
@@ -204,13 +218,15 @@ def test_sync_micro_batches_equal_full_batch_keras_sgd(micro_batches, as_dataset
     # uneven (3, 3, 2): their losses must be weighted by size to give the full-batch mean.
     x, y = make_data()
     model = make_cnn(batch_norm=False)
-    ref, ref_history = keras_reference(model, x=x, y=y, batch_size=BATCH, epochs=2, shuffle=False)
+    ref_weights, ref_history = shared_reference(
+        "cnn without BatchNorm, 2 epochs", model, x=x, y=y, batch_size=BATCH, epochs=2,
+        shuffle=False)
     pipe = compiled_pipe(model, cuts=["relu1", "relu2"], mode="sync", micro_batches=micro_batches)
     data = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)) if as_dataset else dict(
         x=x, y=y, batch_size=BATCH, shuffle=False)
     history = pipe.fit(**data, epochs=2, verbose=0)
-    assert_weights_close(model.get_weights(), ref.get_weights())
-    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    assert_weights_close(model.get_weights(), ref_weights)
+    np.testing.assert_allclose(history.history["loss"], ref_history["loss"], rtol=1e-5)
 
 
 # --- 4: datasets, steps_per_epoch, initial_epoch, validation -------------------------------
@@ -220,11 +236,14 @@ def test_fit_on_finite_dataset_equals_keras():
     x, y = make_data()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     model = make_cnn()
-    ref, ref_history = keras_reference(model, x=ds, epochs=2)
+    # Keras' fit of the same mini-batches, in the same order (the arrays unshuffled, in
+    # batches of BATCH): shared with test_sync_with_batch_norm_equals_keras_sgd.
+    ref_weights, ref_history = shared_reference(
+        "cnn, 2 epochs", model, x=x, y=y, batch_size=BATCH, epochs=2, shuffle=False)
     pipe = compiled_pipe(model, cuts=["relu1"], mode="sync")
     history = pipe.fit(ds, epochs=2, verbose=0)
-    assert_weights_close(model.get_weights(), ref.get_weights())
-    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    assert_weights_close(model.get_weights(), ref_weights)
+    np.testing.assert_allclose(history.history["loss"], ref_history["loss"], rtol=1e-5)
 
 
 def test_steps_per_epoch_continues_the_repeated_dataset():
@@ -426,17 +445,23 @@ def test_predict_follows_weights_restored_by_early_stopping():
     assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
 
 
-def test_verbose_controls_the_progress_bar(capsys):
+def test_verbose_controls_the_progress_bar_and_tensorboard_logs_the_learning_rate(
+    capsys, tmp_path
+):
+    # One pipeline for both (each costs its tracing): the second fit logs to TensorBoard.
     x, y = _mlp_data(NUM_BATCHES)
-    pipe = compiled_pipe(make_mlp(), cuts=["dense1"], mode="vanilla")
+    pipe = compiled_pipe(make_mlp(), cuts=["dense1"], mode="spectrain")
     capsys.readouterr()
     pipe.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert capsys.readouterr().out == ""
-    pipe.fit(x, y, batch_size=BATCH, epochs=2, verbose=1)
+    pipe.fit(x, y, batch_size=BATCH, epochs=2, verbose=1,
+             callbacks=[keras.callbacks.TensorBoard(str(tmp_path))])
     out = capsys.readouterr().out
     assert "Epoch 1/2" in out and "Epoch 2/2" in out
     assert f"{NUM_BATCHES}/{NUM_BATCHES}" in out
     assert "loss:" in out and "accuracy:" in out
+    logged = _tensorboard_scalars(tmp_path / "train", "epoch_learning_rate")
+    np.testing.assert_allclose(logged, [LR, LR], rtol=1e-6)
 
 
 # --- 7: the wrapped model holds the trained weights -----------------------------------------
@@ -459,28 +484,14 @@ def test_wrapped_model_equals_stage_copies_after_fit(trained):
     assert_weights_close(model.get_weights(), trained["recorder"].epoch_weights[-1], atol=0)
 
 
-def test_saved_model_loads_without_tf_spectrain(trained, tmp_path):
+def test_saved_model_loads_without_tf_spectrain(trained, tmp_path, keras_only):
+    # keras_only: conftest's process that imports Keras, never tf_spectrain (shared with
+    # test_checkpointing's check of train.py's export).
     model, xv = trained["model"], trained["xv"]
     model_path = tmp_path / "trained.keras"
-    x_path, out_path = tmp_path / "x.npy", tmp_path / "predictions.npy"
     model.save(model_path)
-    np.save(x_path, xv)
-    script = textwrap.dedent(
-        f"""
-        import sys
-        import keras, numpy as np
-        model = keras.models.load_model({str(model_path)!r})
-        np.save({str(out_path)!r}, model.predict(np.load({str(x_path)!r}), verbose=0))
-        assert not any(m.startswith("tf_spectrain") for m in sys.modules), "imported"
-        """
-    )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    np.testing.assert_allclose(np.load(out_path), model.predict(xv, verbose=0), atol=1e-6)
+    predicted = keras_only.predict(model_path, xv)
+    np.testing.assert_allclose(predicted, model.predict(xv, verbose=0), atol=1e-6)
 
 
 # --- 8: placement ---------------------------------------------------------------------------
@@ -675,13 +686,8 @@ def test_learning_rate_callbacks_reach_every_stage():
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
 
 
-def test_tensorboard_logs_the_learning_rate(tmp_path):
-    x, y = _mlp_data(NUM_BATCHES)
-    pipe = compiled_pipe(make_mlp(), cuts=["dense1"], mode="spectrain")
-    pipe.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
-             callbacks=[keras.callbacks.TensorBoard(str(tmp_path))])
-    logged = _tensorboard_scalars(tmp_path / "train", "epoch_learning_rate")
-    np.testing.assert_allclose(logged, [LR, LR], rtol=1e-6)
+# TensorBoard's learning rate: test_verbose_controls_the_progress_bar_and_tensorboard_logs_
+# the_learning_rate.
 
 
 def test_model_with_two_inputs_takes_a_list_of_arrays():
@@ -734,19 +740,18 @@ def test_layer_losses_train_and_report_as_in_keras(cuts):
             activity_regularizer=keras.regularizers.L1(0.01) if n == 1 else None,
         )(h)
     model = keras.Model(inputs, h)
-    reference = copy_of(model)
     x, y = _mlp_data(NUM_BATCHES)
+    # Keras' fit (once for both cut lists; the metric is not compared)
+    ref_weights, expected = shared_reference(
+        "regularized mlp, 2 epochs", model, x=x, y=y, batch_size=BATCH, epochs=2,
+        shuffle=False, validation_data=(x, y))
     pipe = compiled_pipe(model, cuts=cuts, mode="sync",
                          optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM))
     history = pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                        validation_data=(x, y))
-    reference.compile(keras.optimizers.SGD(LR, momentum=MOMENTUM), loss_fn())
-    expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
-                             validation_data=(x, y))
-    assert_weights_close(model.get_weights(), reference.get_weights())
-    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
-    np.testing.assert_allclose(history.history["val_loss"], expected.history["val_loss"],
-                               rtol=1e-5)
+    assert_weights_close(model.get_weights(), ref_weights)
+    np.testing.assert_allclose(history.history["loss"], expected["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["val_loss"], expected["val_loss"], rtol=1e-5)
 
 
 def test_default_devices_too_few_says_how_to_get_more():

@@ -62,10 +62,22 @@ def trained(mode, target, micro, replicas, devices, epochs=2, **kwargs):
     return pipe, model, history.history, copies
 
 
+_SHARED = {}
+
+
+def shared_two_replicas(mode, target, micro):
+    """`trained(mode, target, micro, 2, DEVICES)`, once: the test below checks its steps, and
+    the placement and checkpoint tests read it (a pipeline costs its tracing)."""
+    key = (mode, target, micro)
+    if key not in _SHARED:
+        _SHARED[key] = trained(mode, target, micro, 2, DEVICES)
+    return _SHARED[key]
+
+
 @pytest.mark.parametrize("mode, target, micro", CASES)
 def test_two_replicas_take_the_steps_of_one_pipeline_with_the_same_batch(mode, target, micro):
     _, single, single_logs, _ = trained(mode, target, micro, 1, DEVICES[:2])
-    pipe, model, logs, copies = trained(mode, target, micro, 2, DEVICES)
+    pipe, model, logs, copies = shared_two_replicas(mode, target, micro)
     moved = max(float(np.max(np.abs(a - b))) for a, b in
                 zip(model.get_weights(), mlp().get_weights()))
     assert moved > 1e-2  # training did something
@@ -87,7 +99,7 @@ def test_two_replicas_take_the_steps_of_one_pipeline_with_the_same_batch(mode, t
 
 
 def test_replicas_place_stage_k_of_replica_r_on_device_r_times_n_plus_k():
-    pipe, _, _, _ = trained("stash", "paper", 1, 2, DEVICES, epochs=1)
+    pipe, _, _, _ = shared_two_replicas("stash", "paper", 1)
     assert pipe.replica_devices == [DEVICES[:2], DEVICES[2:]]
     assert pipe.devices == DEVICES[:2] and pipe.all_devices == DEVICES
     for r, stages in enumerate(pipe.replica_stages):
@@ -110,8 +122,8 @@ def test_batchnorm_statistics_are_per_replica_and_averaged_at_epoch_end():
 
 
 def test_a_checkpoint_restores_every_replica(tmp_path):
-    pipe, model, _, _ = trained("spectrain", "paper", 1, 2, DEVICES, epochs=1)
-    path = tf_spectrain.checkpoint.save(pipe, tmp_path, epoch=1)
+    pipe, model, _, _ = shared_two_replicas("spectrain", "paper", 1)  # trained 2 epochs
+    path = tf_spectrain.checkpoint.save(pipe, tmp_path, epoch=2)
     saved = [w.copy() for w in model.get_weights()]
     fresh, fresh_model, _, _ = trained("spectrain", "paper", 1, 2, DEVICES, epochs=1, seed=5)
     tf_spectrain.checkpoint.restore_checkpoint(fresh, path)

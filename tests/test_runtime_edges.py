@@ -13,6 +13,7 @@ At the review (HEAD 9b2419a) these failed, each proving a bug since fixed:
 - test_run_forward_with_a_window_of_0_refuses_instead_of_hanging
 """
 
+import functools
 import threading
 import time
 
@@ -147,10 +148,13 @@ def test_stop_from_a_callback_keeps_keras_order_and_every_fed_batch_updates(mode
 def test_stop_from_another_thread_at_random_times_never_hangs_or_loses_a_begin(
     mode, micro_batches
 ):
+    # One pipeline for the three trials (a fresh one costs its tracing): the first stop
+    # lands while a fresh pipeline starts (traces), the others in a traced one's epoch.
     x, y = _data(64)
     rng = np.random.default_rng(1)
+    pipe, _ = _pipe(mode, micro_batches=micro_batches)
+    applied = 0
     for trial in range(3):
-        pipe, _ = _pipe(mode, micro_batches=micro_batches)
         order = _Order(sleep=0.002)
         delay = float(rng.uniform(0.0, 0.15))
         timer = threading.Timer(delay, pipe.request_stop)
@@ -160,7 +164,8 @@ def test_stop_from_another_thread_at_random_times_never_hangs_or_loses_a_begin(
         timer.join()
         fed = pipe.progress.epoch_progress[1]
         _check_keras_order(order.events, fed)
-        assert _iterations(pipe) == [fed] * 3, (trial, delay)
+        applied += fed
+        assert _iterations(pipe) == [applied] * 3, (trial, delay)
 
 
 def test_stop_set_in_on_epoch_begin_runs_exactly_one_batch_as_keras():
@@ -515,6 +520,19 @@ def _scheduler():
     return keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.7 ** epoch)
 
 
+_KERAS_RATES = {}
+
+
+def _keras_rates(params, batches, make_callback):
+    """Keras' fit with `make_callback()`: (weights, the rate of each mini-batch), computed
+    once per callback for the cases that share it."""
+    if make_callback not in _KERAS_RATES:
+        keras_log = _RateLog()
+        weights = knobs._keras_fit(params, batches, [make_callback(), keras_log])
+        _KERAS_RATES[make_callback] = (weights, keras_log.rates)
+    return _KERAS_RATES[make_callback]
+
+
 # Every mode once, each callback in turn: ReduceLROnPlateau sets the rate in on_epoch_end,
 # LearningRateScheduler in on_epoch_begin, both between epochs, when every stage has
 # applied all of the epoch's updates, so the mode does not meet the callback's timing.
@@ -528,9 +546,7 @@ def test_epoch_level_rate_callbacks_reach_every_stage_as_keras_sets_them(
     problem, mode, target, make_callback  # noqa: F811
 ):
     params, batches = problem
-    keras_log = _RateLog()
-    expected_keras = knobs._keras_fit(params, batches, [make_callback(), keras_log])
-    rates = keras_log.rates
+    expected_keras, rates = _keras_rates(params, batches, make_callback)
     assert len(rates) == EPOCHS * NUM_BATCHES and len(set(rates)) > 1  # the rate changes
     pipe, model = knobs._pipe(params, mode, target)
     pipe_log = _RateLog()
@@ -550,7 +566,7 @@ def test_epoch_level_rate_callbacks_reach_every_stage_as_keras_sets_them(
 
 @pytest.mark.parametrize("mode, target", REF_MODES)
 def test_a_learning_rate_schedule_in_every_mode_uses_schedule_of_the_step(
-    problem, mode, target  # noqa: F811
+    problem, mode, target, tmp_path  # noqa: F811
 ):
     params, batches = problem
 
@@ -559,11 +575,27 @@ def test_a_learning_rate_schedule_in_every_mode_uses_schedule_of_the_step(
                                                            decay_rate=0.8)
 
     pipe, model = knobs._pipe(params, mode, target, learning_rate=schedule())
+    # The stash case also logs to TensorBoard (test_tensorboard_logs_the_learning_rates_
+    # keras_logs, which checks the batch-callback rates the same way).
+    board = [keras.callbacks.TensorBoard(tmp_path / "pipe")] if mode == "stash" else []
     _fit_in_thread(pipe, *knobs._arrays(batches), batch_size=knobs.BATCH, epochs=EPOCHS,
-                   shuffle=False, verbose=0)
+                   shuffle=False, verbose=0, callbacks=board)
     expected = knobs._reference(problem, mode, target,
                                 lr=lambda step: knobs.LR * 0.8 ** step)
     assert knobs.max_diff(model.get_weights(), expected) < ATOL
+    if mode == "sync":  # and sync equals plain Keras `fit` with the same schedule
+        w0 = knobs.keras_mlp(params).get_weights()
+        keras_weights = knobs._keras_fit(params, batches, learning_rate=schedule())
+        assert rel_error(model.get_weights(), keras_weights, w0) < 1e-5
+        # the schedule matters
+        assert rel_error(knobs._keras_fit(params, batches), keras_weights, w0) > 1e-2
+    if board:
+        keras_dir = tmp_path / "keras"
+        knobs._keras_fit(params, batches, [keras.callbacks.TensorBoard(keras_dir)],
+                         learning_rate=schedule())
+        logged = _logged_rates(keras_dir)
+        assert len(logged) == EPOCHS and len(set(logged)) > 1
+        assert _logged_rates(tmp_path / "pipe") == pytest.approx(logged, rel=1e-6)
 
 
 def _logged_rates(logdir):
@@ -576,7 +608,9 @@ def _logged_rates(logdir):
     return [values[k] for k in sorted(values)]
 
 
-@pytest.mark.parametrize("kind", ["schedule", "batch_callback"])
+# A schedule's rates logged to TensorBoard: in the stash case of
+# test_a_learning_rate_schedule_in_every_mode_uses_schedule_of_the_step.
+@pytest.mark.parametrize("kind", ["batch_callback"])
 def test_tensorboard_logs_the_learning_rates_keras_logs(problem, tmp_path, kind):  # noqa: F811
     params, batches = problem
     options, callbacks = {}, []
@@ -778,26 +812,41 @@ def test_global_clipnorm_of_a_float64_model_equals_keras_to_float64_precision(fl
     pipe.compile(optimizer=make(), loss=loss)
     _fit_in_thread(pipe, x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     w0 = _mlp().get_weights()
-    unclipped = _mlp()
-    unclipped.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.9), loss=loss)
-    unclipped.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    assert rel_error(unclipped.get_weights(), keras_model.get_weights(), w0) > 1e-2  # clips
+    unclipped = _keras_float64_unclipped()
+    assert rel_error(unclipped, keras_model.get_weights(), w0) > 1e-2  # clips
     assert rel_error(model.get_weights(), keras_model.get_weights(), w0) < 1e-10
+
+
+_FLOAT64_UNCLIPPED = []
+
+
+def _keras_float64_unclipped():
+    """Keras' float64 fit of `_mlp()` with SGD(0.3, momentum=0.9), no clipping: the "it
+    clips" contrast above and the control's reference below (computed once, under the
+    `float64` fixture of the test that asks first)."""
+    if not _FLOAT64_UNCLIPPED:
+        x, y = _data()
+        keras_model = _mlp()
+        assert keras_model.weights[0].dtype == "float64"
+        keras_model.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.9),
+                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        keras_model.fit(x.astype("float64"), y, batch_size=BATCH, epochs=2, shuffle=False,
+                        verbose=0)
+        _FLOAT64_UNCLIPPED.append(keras_model.get_weights())
+    return _FLOAT64_UNCLIPPED[0]
 
 
 def test_control_a_float64_sync_pipeline_without_clipping_equals_keras_to_1e_10(float64):
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = _data()
     x = x.astype("float64")
-    keras_model = _mlp()
-    keras_model.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.9), loss=loss)
-    keras_model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    expected = _keras_float64_unclipped()
     model = _mlp()
     pipe = PipelineModel(model, cuts=["dense0", "dense1"],
                          devices=["/CPU:0", "/CPU:1", "/CPU:2"], mode="sync")
     pipe.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.9), loss=loss)
     _fit_in_thread(pipe, x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    assert rel_error(model.get_weights(), keras_model.get_weights(), _mlp().get_weights()) < 1e-10
+    assert rel_error(model.get_weights(), expected, _mlp().get_weights()) < 1e-10
 
 
 @pytest.mark.parametrize("clip", [{}, {"global_clipnorm": 0.05}], ids=["no_clip", "global"])
@@ -883,28 +932,37 @@ class _Warmup(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = 0.05 * (1 + batch % 3)
 
 
+def _clipping_sgd():
+    return keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1)
+
+
+@functools.cache
+def _keras_clipped(warmup):
+    """Keras' fit of `_mlp()` with `_clipping_sgd()`, with or without `_Warmup`'s rates (the
+    same for every case below: computed once)."""
+    x, y = _data()
+    keras_model = _mlp()
+    keras_model.compile(optimizer=_clipping_sgd(),
+                        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    keras_model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[_Warmup()] if warmup else [])
+    return keras_model.get_weights()
+
+
 @pytest.mark.parametrize("num_stages, micro_batches", [(1, 1), (2, 2), (4, 1)])
 def test_sync_batch_rates_and_global_clipnorm_for_1_2_and_4_stages_equal_keras(
     num_stages, micro_batches
 ):
-    make = lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1)  # noqa: E731
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = _data()
-    keras_model = _mlp()
-    keras_model.compile(optimizer=make(), loss=loss)
-    keras_model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
-                    callbacks=[_Warmup()])
     pipe, model = _pipe("sync", num_stages=num_stages, micro_batches=micro_batches,
-                        optimizer=make())
+                        optimizer=_clipping_sgd())
     _fit_in_thread(pipe, x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                    callbacks=[_Warmup()])
     w0 = _mlp().get_weights()
-    assert rel_error(model.get_weights(), keras_model.get_weights(), w0) < 1e-5
-    plain = _mlp()
-    plain.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1),
-                  loss=loss)
-    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    assert rel_error(plain.get_weights(), keras_model.get_weights(), w0) > 1e-2  # rates matter
+    keras_weights = _keras_clipped(warmup=True)
+    assert rel_error(model.get_weights(), keras_weights, w0) < 1e-5
+    # rates matter
+    assert rel_error(_keras_clipped(warmup=False), keras_weights, w0) > 1e-2
 
 
 def test_on_nan_stop_with_global_clipnorm_stops_at_the_first_nan_loss_without_a_hang():

@@ -287,10 +287,21 @@ def test_a_worker_refuses_a_wildcard_bind_unless_asked(processes):
         probe.connect(("127.0.0.1", port))
 
 
-def test_bad_worker_arguments_exit_with_code_2(processes):
-    proc = processes.start(["-m", "tf_spectrain.worker", "--cluster", "127.0.0.1:1,h", "--task",
-                            0])
-    assert proc.wait(timeout=START_TIMEOUT) == 2
+def test_bad_worker_arguments_exit_with_code_2(capsys):
+    # `main` in this process (its return value is the exit code `python -m
+    # tf_spectrain.worker` ends with; a worker process costs seconds of imports, and the
+    # `servers` fixture starts real ones): the arguments are refused before any server
+    # starts. main installs its stop-signal handlers first; they are put back after.
+    from tf_spectrain import worker
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = worker.main(["--cluster", "127.0.0.1:1,h", "--task", "0"])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    err = capsys.readouterr().err
+    assert code == 2
     assert ("error: --cluster must be a comma-separated list of worker addresses, each "
-            "host:port") in Path(proc.err_path).read_text()
-    assert "task 1 is 'h' has no port" in Path(proc.err_path).read_text()
+            "host:port") in err
+    assert "task 1 is 'h' has no port" in err
