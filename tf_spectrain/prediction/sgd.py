@@ -4,19 +4,15 @@ It is the optimizer of the SpecTrain paper (SPECTRAIN.md sections 4 and 6): the 
 `s` updates ahead are predicted as `W + s * m`, the stage's last momentum step repeated.
 """
 
-import numbers
-
 import keras
-import tensorflow as tf
 from keras import ops
 
 from tf_spectrain.prediction import directions
-from tf_spectrain.prediction.wrapper import SpecTrain, device_of, rebuild
+from tf_spectrain.prediction.wrapper import SpecTrain, add_beside, is_real_number, rebuild
 
 
 def _check_momentum(momentum):
-    if (not isinstance(momentum, numbers.Real) or isinstance(momentum, bool)
-            or not 0 <= momentum < 1):
+    if not is_real_number(momentum) or not 0 <= momentum < 1:
         raise ValueError(
             "`momentum` should be a float between [0, 1). "
             f"Received: momentum={momentum!r}"
@@ -48,12 +44,8 @@ class _KeptStepSGD(keras.optimizers.SGD):
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         """A slot beside its weight, also when built inside a `tf.function`."""
-        device = device_of(reference_variable)
-        parent = super().add_variable_from_reference
-        if device is None or tf.distribute.has_strategy():
-            return parent(reference_variable, name=name, initializer=initializer)
-        with tf.device(device):
-            return parent(reference_variable, name=name, initializer=initializer)
+        return add_beside(super().add_variable_from_reference, reference_variable,
+                          name=name, initializer=initializer)
 
     def update_step(self, gradient, variable, learning_rate):
         """Keras' momentum rule; with `momentum=0`, `m = -lr * g` and `w = w + m`."""

@@ -22,7 +22,8 @@ _DELEGATED = (
 )
 
 
-def _is_real_number(value):
+def is_real_number(value):
+    """Whether `value` is a real Python/NumPy number (not a bool)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -39,7 +40,7 @@ def check_steps(steps):
         ValueError: a negative number or a tensor that is not a scalar.
         TypeError: anything else.
     """
-    if _is_real_number(steps):
+    if is_real_number(steps):
         if not steps >= 0:
             raise ValueError(
                 "`steps` must be >= 0 (how many updates ahead to predict). "
@@ -72,6 +73,29 @@ def device_of(variable):
     if isinstance(variable, keras.Variable):
         variable = variable.value
     return getattr(variable, "device", None) or None
+
+
+def add_beside(add, reference_variable, **kwargs):
+    """Calls `add(reference_variable, **kwargs)` under the reference variable's device.
+
+    Keras places an optimizer slot beside its weight when built eagerly, but on the
+    default device when built inside a `tf.function`; this pins it in both cases. Under a
+    `tf.distribute` strategy (or for a variable without a device) `add` runs as it is,
+    and the strategy decides.
+
+    Args:
+        add: a Keras `add_variable_from_reference` (e.g. `super().add_variable_from_reference`).
+        reference_variable: the model variable the new variable mirrors.
+        **kwargs: `add`'s other arguments (`name`, `initializer`).
+
+    Returns:
+        What `add` returns: the new variable.
+    """
+    device = device_of(reference_variable)
+    if device is None or tf.distribute.has_strategy():
+        return add(reference_variable, **kwargs)
+    with tf.device(device):
+        return add(reference_variable, **kwargs)
 
 
 def unwrapped(optimizer):
@@ -264,15 +288,8 @@ class SpecTrain(keras.optimizers.Optimizer):
         Returns:
             The new `keras.Variable`.
         """
-        device = device_of(reference_variable)
-        if device is None or tf.distribute.has_strategy():
-            return super().add_variable_from_reference(
-                reference_variable, name=name, initializer=initializer
-            )
-        with tf.device(device):
-            return super().add_variable_from_reference(
-                reference_variable, name=name, initializer=initializer
-            )
+        return add_beside(super().add_variable_from_reference, reference_variable,
+                          name=name, initializer=initializer)
 
     # --- update -------------------------------------------------------------------------
 
@@ -398,7 +415,7 @@ class SpecTrain(keras.optimizers.Optimizer):
         """
         steps = check_steps(steps)
         ds = self.update_directions(variables)
-        if _is_real_number(steps) and steps == 0:
+        if is_real_number(steps) and steps == 0:
             return [ops.convert_to_tensor(v) for v in variables]
         return [
             ops.add(ops.convert_to_tensor(v), ops.multiply(ops.cast(steps, v.dtype), d))
