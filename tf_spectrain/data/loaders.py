@@ -34,11 +34,16 @@ def _tfds_source(name, split, data_dir, download):
     return examples.map(lambda example: (example["image"], example["label"]))
 
 
+def _check_bundled(data_dir, download):
+    """A bundled set reads no data dir and downloads nothing, but the arguments are checked."""
+    check_data_dir(data_dir)
+    checks.check_bool("download", download)
+
+
 def _text_arrays(info, split, data_dir, download):
     """A text split's `(token ids, labels)` arrays (checked, offline)."""
     if info.source == "embedded":
-        check_data_dir(data_dir)
-        checks.check_bool("download", download)
+        _check_bundled(data_dir, download)
         return text.pydoc_windows(info.name, split)
     return text.imdb_arrays(split, data_dir, download)
 
@@ -118,8 +123,7 @@ def _source(info, split, data_dir, download, limit):
         inputs, labels = inputs[:limit], labels[:limit]
         return tf.data.Dataset.from_tensor_slices((inputs, labels)), len(labels)
     if info.source == "sklearn":
-        check_data_dir(data_dir)
-        checks.check_bool("download", download)
+        _check_bundled(data_dir, download)
         examples = _digits_source(split)
     else:
         examples = _tfds_source(info.name, split, data_dir, download)
@@ -276,8 +280,7 @@ def load_arrays(name, split, *, data_dir=None, download=False, limit=None):
         inputs, labels = _text_arrays(info, split, data_dir, download)
         return inputs[:limit], labels[:limit]
     if info.source == "sklearn":
-        check_data_dir(data_dir)
-        checks.check_bool("download", download)
+        _check_bundled(data_dir, download)
         images, labels = transforms.digits_arrays()[0][split]
         mean, std = transforms.stats(name)
         return (images[:limit] - mean) / std, labels[:limit].copy()
