@@ -216,7 +216,10 @@ def _tensor_scalars(logdir, tag):
 
     acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
     acc.Reload()
-    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+    # In the order written: the accumulator reads the event files in name order, and the
+    # names of two writers of one process need not sort by time.
+    events = sorted(acc.Tensors(tag), key=lambda e: e.wall_time)
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
 
 
 def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, capsys):
