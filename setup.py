@@ -17,8 +17,9 @@ INSTALL_REQUIRES = read_requirements(HERE / "requirements.txt")
 TENSORFLOW = next(r for r in INSTALL_REQUIRES if r.startswith("tensorflow>"))
 EXTRAS_REQUIRE = {
     # matplotlib: tests/test_benchmarks.py runs the benchmarks, plots included. ruff: the
-    # linter, pinned so that every machine checks the same rules.
-    "test": ["pytest>=8,<10", "matplotlib>=3.8,<4", "ruff==0.17.6"],
+    # linter, pinned so that every machine checks the same rules. pytest-xdist: the suite
+    # runs on one worker per core (pytest.ini).
+    "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "matplotlib>=3.8,<4", "ruff==0.17.6"],
     "gpu": [TENSORFLOW.replace("tensorflow", "tensorflow[and-cuda]", 1)],  # the same range
     "bench": ["matplotlib>=3.8,<4"],  # the PNG plots of benchmarks/
 }

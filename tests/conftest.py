@@ -4,10 +4,12 @@ This runs at import time, before any test module creates a TensorFlow op, so eve
 place work on `/CPU:0` .. `/CPU:3`.
 """
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import pytest
@@ -28,29 +30,69 @@ import tensorflow as tf  # noqa: E402
 
 assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
 
+# --- two workers (pytest-xdist), and tests that need the machine to themselves -----------
+#
+# pytest.ini runs the suite on `-n auto` workers, one per core (at most MAX_WORKERS), each
+# given whole files (`--dist loadfile`). Tests marked `exclusive` measure wall time or cores
+# (stage overlap, watchdog deadlines, logging overhead): while one runs, no test runs in
+# another worker. Every test holds a shared lock on one file for its whole run (setup and
+# teardown included); an exclusive test holds it exclusively. A gate file taken before
+# either keeps a waiting exclusive test from being passed by the other workers' next tests.
+MAX_WORKERS = 4
 
-@pytest.fixture(scope="session")
-def loopback_run(tmp_path_factory):
-    """One trainer child (tests/remote_pipeline_child.py) on two loopback workers of 2 CPU
-    devices each, for test_remote_pipeline and test_watchdog: each start of a trainer or a
-    worker costs seconds of TensorFlow imports, so one child makes the checks of both.
 
-    In order: the `--mode` pipelines equal local ones (result `equal`), a busy worker under
-    a short watchdog deadline (`busy`), then worker 1 stopped and killed (`stop`); also the
-    `cluster` string. The workers are killed (by pid) before the result is returned.
-    """
-    from test_remote_pipeline import _workers, run_child
-    from test_watchdog import BUSY_DEADLINE, BUSY_INTERVAL, BUSY_SECONDS
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
-    workers = _workers(tmp_path_factory.mktemp("loopback"))
-    cluster, procs = next(workers)
+
+class _MachineLock:
+    """The shared/exclusive lock of one test run's workers (fcntl.flock on two files)."""
+
+    def __init__(self, run_id):
+        base = os.path.join(tempfile.gettempdir(), f"tf_spectrain-tests-{run_id}")
+        self.gate = open(base + ".gate", "a")  # both held open for the session
+        self.lock = open(base + ".lock", "a")
+
+    def acquire(self, exclusive):
+        """Blocks until this test may run: alone if `exclusive`, else beside other tests."""
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+    def release(self):
+        """Lets the other workers' tests run."""
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+
+_LOCKS = {}  # the test run's id -> this worker's _MachineLock
+
+
+def _machine_lock(config):
+    """This worker's `_MachineLock`, or None when the suite runs in one process."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return None
+    run_id = worker["testrunuid"]
+    if run_id not in _LOCKS:
+        _LOCKS[run_id] = _MachineLock(run_id)
+    return _LOCKS[run_id]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Runs an `exclusive` test (setup, call, teardown) with no other worker's test beside
+    it, and any other test beside other non-exclusive ones only."""
+    lock = _machine_lock(item.config)
+    if lock is not None:
+        lock.acquire(exclusive=item.get_closest_marker("exclusive") is not None)
     try:
-        result = run_child("--cluster", cluster, "--mode", "sync,spectrain",
-                           "--slow", BUSY_SECONDS, "--deadline", BUSY_DEADLINE,
-                           "--interval", BUSY_INTERVAL, "--stop", procs[1].pid)
+        yield
     finally:
-        workers.close()  # kills both workers by pid
-    return dict(result, cluster=cluster)
+        if lock is not None:
+            lock.release()
 
 
 class KerasOnly:

@@ -1,5 +1,5 @@
-"""Child process of test_remote_pipeline and test_watchdog: the trainer of a pipeline across
-loopback workers (one child makes the checks of both, on the same two workers, since each
+"""Child process of test_remote_pipeline: the trainer of a pipeline across loopback workers
+(one child makes the equality and the watchdog checks, on the same two workers, since each
 start of a trainer and of its workers costs several seconds of TensorFlow imports).
 
     python tests/remote_pipeline_child.py --cluster h0:p0,h1:p1 --mode sync,spectrain \

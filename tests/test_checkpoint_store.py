@@ -371,6 +371,7 @@ def _wait_for_hidden_dir(directory, old, timeout=5.0):
     return False
 
 
+@pytest.mark.exclusive  # kills timed to land in a save
 def test_sigkill_during_saves_never_leaves_a_checkpoint_that_loads_wrong(tmp_path):
     directory = str(tmp_path / "ckpts")
     last_reported = None  # (epoch, batch) of the newest save the writer reported complete

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.exclusive  # it measures how many cores two stages use
+
 CHILD = Path(__file__).with_name("concurrency_child.py")
 ROOT = CHILD.parent.parent
 # Measured here: 1.75-1.77 cores for stash and paper SpecTrain, 1.32-1.33 with the stages

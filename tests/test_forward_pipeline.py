@@ -127,6 +127,7 @@ def _identity_split(element):
     return [element], element
 
 
+@pytest.mark.exclusive  # a wall-time bound
 def test_stages_work_on_different_batches_at_the_same_time_and_results_stay_in_order():
     log, seen = [], []
     stages = [_SlowStage(k, 0.03, log) for k in range(3)]

@@ -133,6 +133,7 @@ def test_report_has_the_sections_measured():
     assert "Hand-off" not in only and "measure_link" not in only and "Training:" in only
 
 
+@pytest.mark.exclusive  # a child's share of a core
 def test_the_clock_counts_the_cpu_time_of_other_processes():
     assert hosts.process_cpu_seconds(os.getpid()) == pytest.approx(time.process_time(),
                                                                    abs=0.05)

@@ -25,6 +25,13 @@ class Tracked:
         self.log.append((threading.current_thread().name, time.monotonic()))
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_retirements():
+    """Waits until the iterators earlier tests of this process retired are deleted (one can
+    wait for its autotuner for up to a minute), so that each test sees only its own."""
+    assert iterators.wait_retired(130)
+
+
 def test_retire_deletes_on_the_reaper_thread():
     log = []
     iterators.retire(Tracked(log))

@@ -1,9 +1,12 @@
-"""A pipeline across worker processes on 127.0.0.1: same weights as on local devices, and a
-killed worker makes `fit` fail at once, naming the worker, its address and its stages.
+"""A pipeline across worker processes on 127.0.0.1: same weights as on local devices, a
+killed worker makes `fit` fail at once, naming the worker, its address and its stages, and
+the watchdog (tf_spectrain.cluster.watchdog) tells a busy worker from a hung one.
 
 The trainer runs in a subprocess (tests/remote_pipeline_child.py, started once for this module
-and test_watchdog by conftest's `loopback_run`): connecting reconfigures the eager context
-that pytest's process shares with every other test.
+by `loopback_run`): connecting reconfigures the eager context that pytest's process shares
+with every other test. It trains past a stage whose every forward keeps its worker busy for
+1.2 s under a watchdog deadline of 0.4 s (checks every 0.3 s), then stops (SIGSTOP) worker 1
+in the middle of an epoch under the default watchdog, and kills it (SIGKILL) at the end.
 """
 
 import json
@@ -16,7 +19,14 @@ import time
 import pytest
 from test_worker import HERE, Processes, child_env, free_port
 
+from tf_spectrain.cluster import watchdog
+
+pytestmark = pytest.mark.exclusive  # its workers answer within watchdog deadlines
+
 CHILD = HERE / "remote_pipeline_child.py"
+BUSY_SECONDS = 1.2  # each forward of the busy stage
+BUSY_DEADLINE = 0.4  # the watchdog's deadline while it runs: a third of a forward
+BUSY_INTERVAL = 0.3  # between rounds of checks: about 4 rounds in each forward
 
 
 def _workers(tmp_path):
@@ -45,8 +55,29 @@ def run_child(*args, timeout=180):
     return json.loads(lines[-1])
 
 
+@pytest.fixture(scope="module")
+def loopback_run(tmp_path_factory):
+    """One trainer child (tests/remote_pipeline_child.py) on two loopback workers of 2 CPU
+    devices each: each start of a trainer or a worker costs seconds of TensorFlow imports,
+    so one child makes the checks of this module's equality and watchdog tests.
+
+    In order: the `--mode` pipelines equal local ones (result `equal`), a busy worker under
+    a short watchdog deadline (`busy`), then worker 1 stopped and killed (`stop`); also the
+    `cluster` string. The workers are killed (by pid) before the result is returned.
+    """
+    workers = _workers(tmp_path_factory.mktemp("loopback"))
+    cluster, procs = next(workers)
+    try:
+        result = run_child("--cluster", cluster, "--mode", "sync,spectrain",
+                           "--slow", BUSY_SECONDS, "--deadline", BUSY_DEADLINE,
+                           "--interval", BUSY_INTERVAL, "--stop", procs[1].pid)
+    finally:
+        workers.close()  # kills both workers by pid
+    return dict(result, cluster=cluster)
+
+
 def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(loopback_run):
-    # conftest's child, which then makes test_watchdog's checks on the same workers
+    # the module's child, which then makes the watchdog checks below on the same workers
     results = dict(loopback_run["equal"])
     assert set(results) == {"sync", "spectrain", "replicas"}
     replicas = results.pop("replicas")
@@ -128,3 +159,33 @@ def _kill_mid_run(cluster, procs, flags, logdir, out_path, err_path):
             trainer.kill()
     assert trainer.returncode != 0
     return failed_after, out_path.read_text(), err_path.read_text()
+
+
+# --- the watchdog on the same workers ------------------------------------------------------
+
+
+def test_a_busy_worker_is_not_declared_lost(loopback_run):
+    busy = loopback_run["busy"]
+    assert busy["error"] is None
+    forwards = busy["forwards"]
+    assert len(forwards) == 2 and all(
+        end - start > BUSY_SECONDS - 0.1 for start, end in forwards)
+    # Worker 1 was checked while it ran stage 3's long forwards, and answered at once
+    # (within half the deadline; measured: a few ms).
+    during = [(s, e) for task, s, e in busy["checks"] if task == 1
+              and any(fs < s and e < fe for fs, fe in forwards)]
+    assert len(during) >= 2, busy
+    assert max(e - s for s, e in during) < min(0.5, BUSY_DEADLINE / 2)
+
+
+def test_a_stopped_worker_fails_fit_within_the_target_naming_it(loopback_run):
+    stop = loopback_run["stop"]
+    address = loopback_run["cluster"].split(",")[1]
+    assert stop["error"] == "WorkerLostError" and stop["unavailable"]
+    assert stop["message"].startswith(
+        f"During epoch 0, worker task 1 ({address}), which held stages 2 and 3, did not "
+        f"answer the watchdog's check within {watchdog.DEFAULT_DEADLINE:g} s")
+    assert "task 0" not in stop["message"]
+    assert watchdog.DEFAULT_DEADLINE < stop["after_stop"] < 10.0  # measured: about 8.3 s
+    # Once the stopped worker is killed, the threads blocked on it end too.
+    assert not [t for t in stop["threads_after_kill"] if t.startswith("stage-")]

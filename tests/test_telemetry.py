@@ -259,6 +259,7 @@ def test_plain_keras_model_gets_step_and_epoch_scalars(tmp_path):
     assert "batch/images_per_second" in scalars
 
 
+@pytest.mark.exclusive  # a share of wall time
 def test_auto_interval_keeps_step_logging_under_two_percent(tmp_path):
     """A model whose step is not trivially short: in steady state (the second epoch, once
     the interval has adapted), per-step logging costs under 2% of the training time."""

@@ -25,6 +25,8 @@ import tensorflow as tf
 
 import tf_spectrain
 
+pytestmark = pytest.mark.exclusive  # its servers and signals are timed
+
 HERE = Path(__file__).parent
 CHILD = HERE / "cluster_child.py"
 FAKE = HERE / "cluster_fake_worker.py"
