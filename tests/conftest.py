@@ -67,7 +67,7 @@ class _MachineLock:
         fcntl.flock(self.lock, fcntl.LOCK_UN)
 
 
-_LOCKS = {}  # the test run's id -> this worker's _MachineLock
+_LOCK_KEY = pytest.StashKey()  # this worker's _MachineLock, in its config's stash
 
 
 def _machine_lock(config):
@@ -75,10 +75,9 @@ def _machine_lock(config):
     worker = getattr(config, "workerinput", None)
     if worker is None:
         return None
-    run_id = worker["testrunuid"]
-    if run_id not in _LOCKS:
-        _LOCKS[run_id] = _MachineLock(run_id)
-    return _LOCKS[run_id]
+    if _LOCK_KEY not in config.stash:
+        config.stash[_LOCK_KEY] = _MachineLock(worker["testrunuid"])
+    return config.stash[_LOCK_KEY]
 
 
 @pytest.hookimpl(hookwrapper=True)
