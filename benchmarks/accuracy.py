@@ -59,6 +59,8 @@ EPOCH_SECONDS = {
     ("small_cnn", 8): 3.0,
     ("lm", "single"): 60.0, ("lm", "dp"): 90.0, ("lm", 4): 90.0, ("lm", 8): 90.0,  # guesses
 }
+# Text classifiers: seconds per 1,000 imdb_reviews training reviews (a guess for dp, N=8).
+TEXT_SECONDS_PER_1000 = {"single": 8.0, "dp": 16.0, 4: 8.0, 8: 10.0}
 GROUP_SECONDS = 20.0
 TRAIN_SIZE = 1437  # digits training images
 # Two processes at a time on 2 cores did the work of this many (measured: 1.3).
@@ -91,6 +93,8 @@ def parse_args(argv):
                    "<quick|full>)")
     p.add_argument("--plot", help="learning-curve PNG (default <work-dir>/accuracy.png)")
     p.add_argument("--plot-loss", help="training-loss PNG (default: --plot's name + -loss)")
+    p.add_argument("--data-dir", help="tensorflow-datasets dir in which imdb_reviews is prepared "
+                   "(models classifier, lstm; see benchmarks/prepare_imdb.py)")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results in work-dir")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a group's job file (internal)
     args = p.parse_args(argv)
@@ -144,6 +148,10 @@ def estimate_seconds(specs, workers):
     """Wall time the runs `specs` should take (see `EPOCH_SECONDS`)."""
     seconds = GROUP_SECONDS * len({s.trainer_key for s in specs})
     for spec in specs:
+        if spec.model in common.TEXT_MODELS:
+            per_1000 = TEXT_SECONDS_PER_1000.get(_kind(spec), 10.0)
+            seconds += spec.epochs * (spec.limit or 25_000) / 1000 * per_1000
+            continue
         fraction = min(spec.limit or TRAIN_SIZE, TRAIN_SIZE) / TRAIN_SIZE
         seconds += spec.epochs * fraction * EPOCH_SECONDS.get((spec.model, _kind(spec)), 6.0)
     return seconds / PARALLEL_GAIN.get(workers, 1.0)
@@ -182,7 +190,7 @@ def child(job_file):
         job = json.load(f)
     specs = [common.RunSpec(**s) for s in job["specs"]]
     devices = common.prepare_tensorflow(max(s.stages for s in specs))
-    run_group(common.Runner(devices), specs, job["path"])
+    run_group(common.Runner(devices, job.get("data_dir")), specs, job["path"])
 
 
 def run_all(specs, args):
@@ -207,7 +215,9 @@ def run_all(specs, args):
     if not todo:
         pass
     elif args.workers == 0:
-        runner = common.Runner(common.prepare_tensorflow(max(s.stages for s in todo)))
+        runner = common.Runner(
+            common.prepare_tensorflow(max(s.stages for s in todo)), args.data_dir
+        )
         for group in order:
             run_group(runner, group, _group_file(args.work_dir, group[0].trainer_key))
     else:
@@ -225,7 +235,8 @@ def _run_processes(order, args, started):
             fd, job_file = tempfile.mkstemp(suffix=".json", dir=args.work_dir)
             with os.fdopen(fd, "w") as f:
                 json.dump({"specs": [s.as_dict() for s in group],
-                           "path": _group_file(args.work_dir, group[0].trainer_key)}, f)
+                           "path": _group_file(args.work_dir, group[0].trainer_key),
+                           "data_dir": args.data_dir}, f)
             cmd, env = common.child_command("benchmarks.accuracy", ["--child", job_file])
             running.append((subprocess.Popen(cmd, env=env), group, job_file))
         time.sleep(1.0)
@@ -448,7 +459,7 @@ def describe(args):
     """The setting in one paragraph, with each model's cuts and stage shares."""
     import tf_spectrain  # noqa: F401 - TensorFlow is already set up here
 
-    data_text = ("digits (pydoc for lm) " if "lm" in args.models else "digits ")
+    data_text = " ".join(sorted({common.dataset_of(m) for m in args.models})) + " "
     lines = [f"`{' '.join(['python', '-m', 'benchmarks.accuracy'] + sys.argv[1:])}`: "
              f"{data_text}({args.limit or 'all'} training examples), batch {args.batch_size}, "
              f"{args.epochs} epochs, {common.describe_optimizer(args.optimizer)}, seeds "

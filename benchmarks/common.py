@@ -5,7 +5,8 @@
   and `resnet20_digits` (ResNet-20 on 16x16 inputs); `build_model` by name.
 - `balanced_cuts`: the library's default cuts balanced by compute (`cost="macs"`), with
   each stage's share.
-- `RunSpec` and `Runner`: training runs on the embedded digits set; a `Runner` builds one
+- `RunSpec` and `Runner`: training runs on the embedded digits set (pydoc for the language
+  model, a prepared imdb_reviews for the text classifiers); a `Runner` builds one
   trainer per (model, configuration, stages) and reuses it, reset to the run's initial
   weights and a fresh optimizer, for every seed and learning rate (no retracing).
 - `summarise`, `markdown_table`, JSON-lines records and argparse types.
@@ -45,13 +46,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASET = "digits"
 NUM_CLASSES = 10
 INPUT_SHAPE = (32, 32, 3)
-# The language model trains on pydoc (next byte of 128, 256 byte values); the others on digits.
+# The language model trains on pydoc (next byte of 128, 256 byte values); the text
+# classifiers on imdb_reviews (tf_spectrain.data.catalog's IMDB_SEQ_LEN and
+# IMDB_VOCAB_SIZE, spelled out for the same reason as BASELINES); the others on digits.
 LM_DATASET, LM_SEQ_LEN, LM_VOCAB = "pydoc", 128, 256
+TEXT_MODELS = {"classifier": "transformer_classifier", "lstm": "residual_lstm"}
+TEXT_DATASET, TEXT_SEQ_LEN, TEXT_VOCAB, TEXT_CLASSES = "imdb_reviews", 256, 20_000, 2
 
 
 def dataset_of(model):
-    """The dataset a benchmark model trains on: `"pydoc"` for `"lm"`, else digits."""
-    return LM_DATASET if model == "lm" else DATASET
+    """The dataset a benchmark model trains on: `"pydoc"` for `"lm"`, `"imdb_reviews"` for
+    the text classifiers (`TEXT_MODELS`), else digits."""
+    if model == "lm":
+        return LM_DATASET
+    return TEXT_DATASET if model in TEXT_MODELS else DATASET
+
+
+def num_classes_of(model):
+    """The classes a benchmark model predicts (the vocabulary for `"lm"`)."""
+    if model == "lm":
+        return LM_VOCAB
+    return TEXT_CLASSES if model in TEXT_MODELS else NUM_CLASSES
 
 # --- child processes ---------------------------------------------------------------------
 
@@ -154,17 +169,19 @@ def resnet20_digits(input_shape, num_classes):
     )
 
 
-MODEL_NAMES = ("vgg", "resnet20", "small_cnn", "lm")
+MODEL_NAMES = ("vgg", "resnet20", "small_cnn", "lm") + tuple(TEXT_MODELS)
 
 
 def build_model(name):
-    """Builds a benchmark model for digits by name.
+    """Builds a benchmark model by name (for the dataset of `dataset_of(name)`).
 
     Args:
         name: `"vgg"` (the zoo's `vgg16_narrow`: VGG16 with every width divided by 8),
             `"resnet20"` (`resnet20_digits`), `"small_cnn"` (the zoo's two-block CNN,
-            for smoke tests) or `"lm"` (the zoo's `transformer_lm`, 4 blocks of width 64,
-            for pydoc's bytes).
+            for smoke tests), `"lm"` (the zoo's `transformer_lm`, 4 blocks of width 64,
+            for pydoc's bytes), `"classifier"` or `"lstm"` (the zoo's
+            `transformer_classifier` and `residual_lstm` with their defaults, 4 blocks of
+            width 64, for imdb_reviews).
 
     Returns:
         A functional `keras.Model` that outputs logits.
@@ -186,6 +203,12 @@ def build_model(name):
         import tf_spectrain
 
         return tf_spectrain.models.get_model("transformer_lm", (LM_SEQ_LEN,), LM_VOCAB)
+    if name in TEXT_MODELS:
+        import tf_spectrain
+
+        return tf_spectrain.models.get_model(
+            TEXT_MODELS[name], (TEXT_SEQ_LEN,), TEXT_CLASSES, vocab_size=TEXT_VOCAB
+        )
     raise ValueError(f"`model` must be one of {list(MODEL_NAMES)}. Received: model={name!r}")
 
 
@@ -309,7 +332,7 @@ def _epoch_clock():
 
 
 class Runner:
-    """Trains `RunSpec`s on digits, building each trainer once and reusing it.
+    """Trains `RunSpec`s on their datasets, building each trainer once and reusing it.
 
     A trainer (a compiled `keras.Model` for `single`/`dp`, a `PipelineModel` otherwise)
     is built for the first run of its `trainer_key`. Before every run it gets the run's
@@ -321,10 +344,14 @@ class Runner:
 
     Args:
         devices: the device names (at least as many as the largest `stages`).
+        data_dir: the tensorflow-datasets data directory in which `imdb_reviews` is
+            prepared (for the text classifiers; see `benchmarks/prepare_imdb.py`); None
+            means tfds' default. Never downloads.
     """
 
-    def __init__(self, devices):
+    def __init__(self, devices, data_dir=None):
         self.devices = list(devices)
+        self.data_dir = data_dir
         self._trainers = {}
         self._initial = {}
 
@@ -407,10 +434,11 @@ class Runner:
         keras.utils.set_random_seed(spec.seed)
         dataset = dataset_of(spec.model)
         train = data.load_epochs(
-            dataset, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit
+            dataset, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit,
+            data_dir=self.data_dir,
         )
         steps = data.steps_per_epoch(dataset, spec.batch_size, spec.limit)
-        x_test, y_test = data.load_arrays(dataset, "test")
+        x_test, y_test = data.load_arrays(dataset, "test", data_dir=self.data_dir)
         history, clock = keras.callbacks.History(), _epoch_clock()
         diverged = False
         try:
@@ -431,7 +459,7 @@ class Runner:
         while done < min(len(loss), len(acc)) and math.isfinite(loss[done]):
             done += 1
         missing = spec.epochs - done
-        chance = 1.0 / (LM_VOCAB if spec.model == "lm" else NUM_CLASSES)
+        chance = 1.0 / num_classes_of(spec.model)
         acc = acc[:done] + [chance] * missing
         test_loss = test_loss[:done] + [float("nan")] * missing
         loss = loss[:done] + [float("nan")] * missing
