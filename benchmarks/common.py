@@ -437,7 +437,7 @@ class Runner:
             dataset, spec.batch_size, epochs=spec.epochs, seed=spec.seed, limit=spec.limit,
             data_dir=self.data_dir,
         )
-        steps = data.steps_per_epoch(dataset, spec.batch_size, spec.limit)
+        steps = data.steps_per_epoch(dataset, spec.batch_size, spec.limit, self.data_dir)
         x_test, y_test = data.load_arrays(dataset, "test", data_dir=self.data_dir)
         history, clock = keras.callbacks.History(), _epoch_clock()
         diverged = False

@@ -12,7 +12,7 @@ from tf_spectrain import data
 # benchmarks and the tests use these names).
 PUBLIC = [
     "IMAGE_SIZE", "DatasetInfo", "DatasetNotFoundError", "check_available", "dataset_names",
-    "epoch_seed", "get_info", "load", "load_arrays", "load_epochs", "steps_per_epoch",
+    "epoch_seed", "get_info", "load", "load_arrays", "load_epochs", "split_size", "steps_per_epoch",
     "imdb_vectorizer",
 ]
 

@@ -85,6 +85,23 @@ def test_the_library_tokenises_the_prepared_reviews(prepared):
         assert [vocabulary[i] for i in row if i > 0] == words
 
 
+def test_epochs_count_the_prepared_reviews_not_the_catalogs(prepared, tmp_path):
+    root, _ = prepared
+    assert data.get_info("imdb_reviews").num_train == 25_000
+    assert (data.split_size("imdb_reviews", "train", root),
+            data.split_size("imdb_reviews", "test", root)) == (4, 2)
+    assert data.steps_per_epoch("imdb_reviews", 3, data_dir=root) == 2  # ceil(4 / 3)
+    assert data.steps_per_epoch("imdb_reviews", 3, limit=2, data_dir=root) == 1
+    batches = list(data.load_epochs("imdb_reviews", 3, epochs=2, data_dir=root))
+    assert [len(y) for _, y in batches] == [3, 1, 3, 1]
+    # A data dir that does not record its sizes keeps the catalog's.
+    folder = tmp_path / "imdb_reviews" / "plain_text" / "1.0.0"
+    folder.mkdir(parents=True)
+    (folder / "dataset_info.json").write_text("{}")
+    assert data.split_size("imdb_reviews", "train", str(tmp_path)) == 25_000
+    assert data.split_size("imdb_reviews", "train", str(tmp_path / "none")) == 25_000
+
+
 def test_a_prepared_set_is_never_overwritten(prepared, tmp_path):
     root, _ = prepared
     before = read_split(root, "train")

@@ -130,7 +130,8 @@ def prepare(config):
         config.dataset, "test", batch_size=config.batch_size, data_dir=config.data_dir,
         download=config.download, limit=config.limit,
     )
-    num_train = info.num_train if config.limit is None else min(config.limit, info.num_train)
+    on_disk = data.split_size(config.dataset, "train", config.data_dir)
+    num_train = on_disk if config.limit is None else min(config.limit, on_disk)
     input_checks.check_micro_batch_split(
         num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
     )
@@ -160,7 +161,9 @@ def prepare(config):
     )
     model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
-    run.steps_per_epoch = data.steps_per_epoch(config.dataset, config.batch_size, config.limit)
+    run.steps_per_epoch = data.steps_per_epoch(
+        config.dataset, config.batch_size, config.limit, config.data_dir
+    )
     if config.keep_checkpoints:
         run.checkpoint = PipelineCheckpoint(
             config.checkpoint_dir, keep=config.keep_checkpoints, metadata=run_facts(config)

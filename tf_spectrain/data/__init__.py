@@ -57,8 +57,8 @@ global seed to the same value too, or not at all). Each new pass over a training
 Offline use: tensorflow-datasets data are read from `data_dir` and nothing is downloaded
 unless `download=True`. A dataset that is not prepared there fails at once with
 `DatasetNotFoundError`, which explains how to prepare it elsewhere and copy it over.
-`get_info`, `dataset_names` and `check_available` run no TensorFlow op, so they are safe
-to call before the program has set up its devices.
+`get_info`, `dataset_names`, `check_available` and `split_size` run no TensorFlow op, so
+they are safe to call before the program has set up its devices.
 
 Modules: `catalog` (names, `DatasetInfo`, availability; no TensorFlow), `pydoc_corpus`
 (the pydoc text and its tokens; no TensorFlow), `transforms` (the digits arrays and the
@@ -74,6 +74,7 @@ from tf_spectrain.data.catalog import (
     check_available,
     dataset_names,
     get_info,
+    split_size,
 )
 from tf_spectrain.data.loaders import (
     epoch_seed,
@@ -96,5 +97,6 @@ __all__ = [
     "load",
     "load_arrays",
     "load_epochs",
+    "split_size",
     "steps_per_epoch",
 ]

@@ -9,6 +9,7 @@ they are safe to call before the program has set up its devices.
 
 import dataclasses
 import functools
+import json
 import os
 import re
 
@@ -340,3 +341,49 @@ def prepared_version(name, data_dir, download):
             f"download=False so nothing is downloaded. {_how_to_prepare(name)}"
         )
     return versions[-1]
+
+
+def split_size(name, split, data_dir=None):
+    """Returns the number of examples in a split as it is on disk, without TensorFlow.
+
+    For a tensorflow-datasets set prepared in `data_dir` the size its newest prepared
+    version records (`dataset_info.json`: the shard lengths of the split), which may
+    differ from the catalog's when the set was prepared from other files (e.g. by
+    `benchmarks/prepare_imdb.py`); otherwise, or when that file does not record it, the
+    catalog's `num_train` / `num_test`.
+
+    Args:
+        name: a dataset name, one of `dataset_names()`.
+        split: `"train"` or `"test"`.
+        data_dir: the tensorflow-datasets data directory; None means tfds' default.
+
+    Returns:
+        An int >= 0.
+
+    Raises:
+        ValueError: for an unknown `name` or `split`.
+        TypeError: if `data_dir` is not a path.
+    """
+    info = get_info(name)
+    check_split(split)
+    data_dir = check_data_dir(data_dir)
+    catalog = info.num_train if split == "train" else info.num_test
+    if info.source != "tfds":
+        return catalog
+    root = default_data_dir() if data_dir is None else data_dir
+    folder = os.path.join(root, *tfds_name(name).split("/"))
+    versions = _prepared_versions(folder)
+    if not versions:
+        return catalog
+    return _recorded_size(os.path.join(folder, versions[-1], "dataset_info.json"), split, catalog)
+
+
+def _recorded_size(path, split, default):
+    """The example count of `split` in a tfds `dataset_info.json`, else `default`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            splits = json.load(f).get("splits", [])
+        lengths = next(s["shardLengths"] for s in splits if s.get("name") == split)
+        return sum(int(n) for n in lengths)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, StopIteration):
+        return default

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_spectrain import checks
 from tf_spectrain.data import text, transforms
-from tf_spectrain.data.catalog import check_data_dir, check_split, get_info
+from tf_spectrain.data.catalog import check_data_dir, check_split, get_info, split_size
 from tf_spectrain.data.tfds_source import tfds_examples
 
 _MAX_SEED = 2**62
@@ -127,7 +127,7 @@ def _source(info, split, data_dir, download, limit):
         examples = _digits_source(split)
     else:
         examples = _tfds_source(info.name, split, data_dir, download)
-    size = info.num_train if split == "train" else info.num_test
+    size = split_size(info.name, split, data_dir)
     if limit is not None:
         examples = examples.take(limit)
         size = min(size, limit)
@@ -169,13 +169,16 @@ def epoch_seed(seed, epoch):
     return (int(state[0]) << 30 | int(state[1]) >> 2) % _MAX_SEED
 
 
-def steps_per_epoch(name, batch_size, limit=None):
+def steps_per_epoch(name, batch_size, limit=None, data_dir=None):
     """Returns the number of mini-batches in one training epoch (the last may be smaller).
 
     Args:
         name: a dataset name, one of `dataset_names()`.
         batch_size: examples per batch, an int >= 1.
         limit: None, or an int >= 1: only the first `limit` training examples.
+        data_dir: the tensorflow-datasets data directory the set is read from (its
+            prepared training split may hold another number of examples than the
+            catalog's, see `split_size`); None means tfds' default.
 
     Returns:
         `ceil(examples / batch_size)`, an int.
@@ -184,10 +187,10 @@ def steps_per_epoch(name, batch_size, limit=None):
         ValueError: for an unknown `name`, or `batch_size` or `limit` out of range.
         TypeError: if `batch_size` or `limit` is not an int (or None for `limit`).
     """
-    info = get_info(name)
     checks.check_int("batch_size", batch_size, 1)
     checks.check_int("limit", limit, 1, none_ok=True)
-    size = info.num_train if limit is None else min(limit, info.num_train)
+    size = split_size(name, "train", data_dir)
+    size = size if limit is None else min(limit, size)
     return -(-size // batch_size)
 
 
@@ -209,7 +212,7 @@ def load_epochs(
     Unlike `load`, whose order changes with each pass over the dataset, the order and
     augmentation of epoch `e` here depend only on `(seed, e)` (see `epoch_seed`): a run
     resumed at epoch `e`, in a new process, sees exactly the data an uninterrupted run
-    would have seen. Pass `steps_per_epoch(name, batch_size, limit)` to `fit`, as the
+    would have seen. Pass `steps_per_epoch(name, batch_size, limit, data_dir)` to `fit`, as the
     dataset holds several epochs.
 
     Args:
@@ -237,7 +240,7 @@ def load_epochs(
     checks.check_int("limit", limit, 1, none_ok=True)
     checks.check_int("start_epoch", start_epoch, 0)
     checks.check_int("epochs", epochs, start_epoch + 1)
-    per_epoch = steps_per_epoch(name, batch_size, limit)
+    per_epoch = steps_per_epoch(name, batch_size, limit, data_dir)
     checks.check_int("skip_batches", skip_batches, 0, per_epoch - 1)
     checks.check_bool("augment", augment)
     examples, size = _source(info, "train", data_dir, download, limit)
