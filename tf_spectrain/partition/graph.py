@@ -135,6 +135,39 @@ class ModelGraph:
         ]
 
 
+    def sub_model(self, inputs, outputs, name):
+        """Builds a functional model from tensors of this graph, leaving the graph intact.
+
+        The sub-model shares the graph's layers. Keras builds a model whose inputs are
+        not all `keras.Input`s on fresh copies of the graph's tensors, but keeps the
+        model inputs among them as they are and points their history at the copy, after
+        which `model.save()` of the original model fails ("could not find node key").
+        Here their history is put back, and a sub-model with such mixed inputs is built
+        once more on its own new `keras.Input`s, so the model and the sub-model both
+        still save.
+
+        Args:
+            inputs: list of tensors of the graph (model inputs or outputs of its calls).
+            outputs: list of tensors computed from `inputs` (or `inputs` themselves, or
+                outputs of layers newly called on them).
+            name: the sub-model's name.
+
+        Returns:
+            A functional `keras.Model`; one input (output) is a tensor, several a list.
+        """
+        model_inputs = {id(t) for t in self.inputs}
+        mixed = len({id(t) in model_inputs for t in inputs}) > 1
+        histories = [(t, t._keras_history) for t in inputs]  # noqa: SLF001
+        try:
+            sub = keras.Model(one_or_list(list(inputs)), one_or_list(list(outputs)), name=name)
+        finally:
+            for tensor, history in histories:
+                tensor._keras_history = history  # noqa: SLF001
+        if not mixed:
+            return sub
+        return keras.models.clone_model(sub, clone_function=lambda layer: layer)
+
+
 def read_graph(model):
     """Reads the functional graph of `model`, nested models flattened into their layers.
 

@@ -21,7 +21,6 @@ import keras
 from tf_spectrain.partition.cuts import resolve_cuts
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.partition.masks import check_masks
-from tf_spectrain.runtime.graphs import one_or_list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +145,7 @@ def split_model(model, cuts, keep_masks=True):
     """
     graph, stages = _plan_stages(model, cuts, keep_masks)
     taken = set(graph.names) | set(graph.input_layer_names)
-    return [_build_stage(model.name, stage, taken) for stage in stages]
+    return [_build_stage(graph, model.name, stage, taken) for stage in stages]
 
 
 def describe_stages(model, cuts):
@@ -176,7 +175,7 @@ def describe_stages(model, cuts):
     ]
 
 
-def _build_stage(model_name, stage, taken):
+def _build_stage(graph, model_name, stage, taken):
     """The functional sub-model of one stage, on the original model's tensors."""
     name = f"{model_name}_stage{stage.index}"
     passed = {}  # id(tensor) -> its Identity output, so a repeated output stays one tensor
@@ -188,7 +187,7 @@ def _build_stage(model_name, stage, taken):
                 passed[id(tensor)] = keras.layers.Identity(name=layer_name)(tensor)
             tensor = passed[id(tensor)]
         outputs.append(tensor)
-    return keras.Model(inputs=one_or_list(stage.inputs), outputs=one_or_list(outputs), name=name)
+    return graph.sub_model(stage.inputs, outputs, name)
 
 
 def _unique(name, taken):
