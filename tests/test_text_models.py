@@ -8,9 +8,13 @@ comparison could fail. Models are tiny (8 tokens, width 8); conftest.py has spli
 into /CPU:0 .. /CPU:3.
 """
 
+import contextlib
+import logging
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tf_spectrain import costmodel, models, partition
 from tf_spectrain.optimizer import SpecTrainSGD
@@ -453,6 +457,23 @@ def test_auto_cuts_never_lose_a_mask():
 # ---------------------------------------------------------------- training in every mode
 
 
+@contextlib.contextmanager
+def tf_warnings():
+    """Collects the messages TensorFlow's logger warns while the block runs."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    tf.get_logger().addHandler(handler)
+    try:
+        yield messages
+    finally:
+        tf.get_logger().removeHandler(handler)
+
+
 # Every mode on the recurrent model; the transformers (the same stage machinery, which the
 # other modes' tests cover on MLPs) in sync (against Keras) and spectrain (predicting).
 @pytest.mark.parametrize(
@@ -468,7 +489,10 @@ def test_text_models_train_in_every_mode(name, mode):
     w0 = model.get_weights()
     cut = "block1_lstm" if name == "residual_lstm" else "block1_attn"
     pipe = pipeline(model, [cut], mode=mode)
-    losses = pipe.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
+    with tf_warnings() as warned:
+        losses = pipe.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
+    # The boolean padding mask crosses the cut: it must not be watched for a gradient.
+    assert not [w for w in warned if "watched tensor" in w], warned
     if mode == "sync":
         ref, ref_loss = keras_one_step(keras_twin, x, y)
         np.testing.assert_allclose(losses, ref_loss, rtol=1e-5)

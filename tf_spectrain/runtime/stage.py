@@ -51,6 +51,11 @@ def _square_norm(grads):
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, dtype))) for g in grads])
 
 
+def _differentiable(tensors):
+    """The floating-point tensors of `tensors` (a tape cannot watch a boolean padding mask)."""
+    return [t for t in tensors if t.dtype.is_floating]
+
+
 def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
     """Scales `grads` as Keras' `clip_by_global_norm` does, from all stages' squared norms."""
     dtype = _wide_dtype(grads)
@@ -211,7 +216,7 @@ class StageRunner:
         """The stage's forward recomputed at `weights`, and its vector-Jacobian product."""
         with tf.device(self.device):
             with tf.GradientTape() as tape:
-                tape.watch(self._input_targets(inputs))
+                tape.watch(_differentiable(self._input_targets(inputs)))
                 weights = [tf.convert_to_tensor(w) for w in weights]
                 tape.watch(weights)
                 outputs, penalty, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
@@ -320,7 +325,7 @@ class StageRunner:
             if keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
-                    tape.watch(self._input_targets(inputs))
+                    tape.watch(_differentiable(self._input_targets(inputs)))
                     tape.watch(self._tf_trainable)
                     outputs, penalty, logits, finite = self._call_forward(
                         inputs, labels_t, scale_t
