@@ -92,6 +92,10 @@ def test_epochs_count_the_prepared_reviews_not_the_catalogs(prepared, tmp_path):
             data.split_size("imdb_reviews", "test", root)) == (4, 2)
     assert data.steps_per_epoch("imdb_reviews", 3, data_dir=root) == 2  # ceil(4 / 3)
     assert data.steps_per_epoch("imdb_reviews", 3, limit=2, data_dir=root) == 1
+    assert [data.split_size("imdb_reviews", "train", root, limit=n) for n in (3, 4, 9)] == [3, 4, 4]
+    assert data.split_size("digits", "test", limit=10**6) == data.get_info("digits").num_test
+    with pytest.raises(ValueError, match="limit"):
+        data.split_size("imdb_reviews", "train", root, limit=0)
     batches = list(data.load_epochs("imdb_reviews", 3, epochs=2, data_dir=root))
     assert [len(y) for _, y in batches] == [3, 1, 3, 1]
     # A data dir that does not record its sizes keeps the catalog's.

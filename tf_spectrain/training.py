@@ -130,8 +130,7 @@ def prepare(config):
         config.dataset, "test", batch_size=config.batch_size, data_dir=config.data_dir,
         download=config.download, limit=config.limit,
     )
-    on_disk = data.split_size(config.dataset, "train", config.data_dir)
-    num_train = on_disk if config.limit is None else min(config.limit, on_disk)
+    num_train = data.split_size(config.dataset, "train", config.data_dir, config.limit)
     input_checks.check_micro_batch_split(
         num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
     )

@@ -294,6 +294,12 @@ def _how_to_prepare(name):
     )
 
 
+def _dataset_folder(root, name):
+    """The folder of tfds dataset `name` under `root`, and its prepared versions."""
+    folder = os.path.join(root, *tfds_name(name).split("/"))
+    return folder, _prepared_versions(folder)
+
+
 def _prepared_versions(dataset_dir):
     """Versions (sorted, oldest first) of `dataset_dir` holding a `dataset_info.json`."""
     if not os.path.isdir(dataset_dir):
@@ -332,8 +338,7 @@ def prepared_version(name, data_dir, download):
             f"Cannot load dataset {name!r}: {which} {root!r} does not exist (or is not a "
             f"directory), and download=False so nothing is downloaded. {_how_to_prepare(name)}"
         )
-    folder = os.path.join(root, *tfds_name(name).split("/"))
-    versions = _prepared_versions(folder)
+    folder, versions = _dataset_folder(root, name)
     if not versions:
         raise DatasetNotFoundError(
             f"Dataset {name!r} is not prepared in {which} {root!r}: no "
@@ -343,7 +348,7 @@ def prepared_version(name, data_dir, download):
     return versions[-1]
 
 
-def split_size(name, split, data_dir=None):
+def split_size(name, split, data_dir=None, limit=None):
     """Returns the number of examples in a split as it is on disk, without TensorFlow.
 
     For a tensorflow-datasets set prepared in `data_dir` the size its newest prepared
@@ -356,26 +361,28 @@ def split_size(name, split, data_dir=None):
         name: a dataset name, one of `dataset_names()`.
         split: `"train"` or `"test"`.
         data_dir: the tensorflow-datasets data directory; None means tfds' default.
+        limit: None, or an int >= 1: count only the first `limit` examples, as the
+            loaders' `limit` reads them.
 
     Returns:
         An int >= 0.
 
     Raises:
-        ValueError: for an unknown `name` or `split`.
-        TypeError: if `data_dir` is not a path.
+        ValueError: for an unknown `name` or `split`, or `limit` < 1.
+        TypeError: if `data_dir` is not a path or `limit` not an int (or None).
     """
     info = get_info(name)
     check_split(split)
     data_dir = check_data_dir(data_dir)
-    catalog = info.num_train if split == "train" else info.num_test
-    if info.source != "tfds":
-        return catalog
-    root = default_data_dir() if data_dir is None else data_dir
-    folder = os.path.join(root, *tfds_name(name).split("/"))
-    versions = _prepared_versions(folder)
-    if not versions:
-        return catalog
-    return _recorded_size(os.path.join(folder, versions[-1], "dataset_info.json"), split, catalog)
+    checks.check_int("limit", limit, 1, none_ok=True)
+    size = info.num_train if split == "train" else info.num_test
+    if info.source == "tfds":
+        root = default_data_dir() if data_dir is None else data_dir
+        folder, versions = _dataset_folder(root, name)
+        if versions:
+            info_file = os.path.join(folder, versions[-1], "dataset_info.json")
+            size = _recorded_size(info_file, split, size)
+    return size if limit is None else min(limit, size)
 
 
 def _recorded_size(path, split, default):

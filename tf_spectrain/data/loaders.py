@@ -189,9 +189,7 @@ def steps_per_epoch(name, batch_size, limit=None, data_dir=None):
     """
     checks.check_int("batch_size", batch_size, 1)
     checks.check_int("limit", limit, 1, none_ok=True)
-    size = split_size(name, "train", data_dir)
-    size = size if limit is None else min(limit, size)
-    return -(-size // batch_size)
+    return -(-split_size(name, "train", data_dir, limit) // batch_size)
 
 
 def load_epochs(
