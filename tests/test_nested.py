@@ -179,10 +179,11 @@ def test_the_user_model_still_works_after_flattening():
     model = nested()
     x, _ = data()
     before = np.asarray(model(x, training=False))
-    # Not a cut where the model input crosses: Keras then rewires the input tensor to a new
-    # node of its InputLayer (functional.clone_graph_nodes) and `get_config` fails, with or
-    # without nesting.
-    partition.split_model(model, ["b_proj", "gap"])
+    # After "b_conv1" the model input crosses beside an inner tensor (`b_proj` reads it),
+    # where Keras' own sub-model would rewire the input and break `get_config`.
+    stages = partition.split_model(model, ["b_conv1", "gap"])
+    assert len(stages[1].inputs) == 2
+    np.testing.assert_allclose(run_chain(stages, x, False), before, rtol=0, atol=1e-5)
     base = model.get_layer("base")
     assert base.get_layer("b_relu").output is base.get_layer("b_conv2").input
     again = keras.Model.from_config(model.get_config())

@@ -23,6 +23,7 @@ from tf_spectrain.partition import (
     describe_stages,
     split_model,
 )
+from tf_spectrain.partition.graph import read_graph
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +221,9 @@ def test_the_model_and_its_stages_still_save_after_a_split_where_an_input_crosse
     joined = keras.layers.Concatenate(name="cat")([a, inputs])  # the input crosses cut "a"
     model = keras.Model(inputs, keras.layers.Dense(2, name="out")(joined))
     stages = split_model(model, ["a"])
+    owned = {id(v) for v in model.weights}
+    assert [len(s.weights) for s in stages] == [2, 2]
+    assert all({id(v) for v in s.weights} <= owned for s in stages)  # shared, not copied
     x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
     model.save(tmp_path / "model.keras")
     loaded = keras.models.load_model(tmp_path / "model.keras")
@@ -230,3 +234,14 @@ def test_the_model_and_its_stages_still_save_after_a_split_where_an_input_crosse
     second = keras.models.load_model(tmp_path / "stage1.keras")
     np.testing.assert_allclose(np.asarray(second(first(x))), np.asarray(model(x)), atol=1e-6)
     assert len(split_model(model, ["a"])) == 2  # the model still splits after all that
+
+
+def test_a_sub_model_missing_a_model_input_it_needs_is_refused():
+    a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+    mid = layers.Dense(3, name="mid")(a)
+    out = layers.Add(name="sum")([mid, layers.Dense(3, name="from_b")(b)])
+    graph = read_graph(keras.Model([a, b], out))
+    with pytest.raises(ValueError, match="needs the model input 'b'"):
+        graph.sub_model([a, mid], [out], "part")
+    part = graph.sub_model([b, mid], [out], "part")  # mixed, complete: built anew
+    assert [t.name for t in part.inputs] == ["b", f"{mid.name}CLONE"]

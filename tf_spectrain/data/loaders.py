@@ -127,11 +127,9 @@ def _source(info, split, data_dir, download, limit):
         examples = _digits_source(split)
     else:
         examples = _tfds_source(info.name, split, data_dir, download)
-    size = split_size(info.name, split, data_dir)
     if limit is not None:
         examples = examples.take(limit)
-        size = min(size, limit)
-    return examples, size
+    return examples, split_size(info.name, split, data_dir, limit)
 
 
 def _pass(examples, size, info, batch_size, seed, shuffle, augment, rerandomize=True):

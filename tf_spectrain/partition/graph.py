@@ -138,35 +138,37 @@ class ModelGraph:
     def sub_model(self, inputs, outputs, name):
         """Builds a functional model from tensors of this graph, leaving the graph intact.
 
-        The sub-model shares the graph's layers. Keras builds a model whose inputs are
-        not all `keras.Input`s on fresh copies of the graph's tensors, but keeps the
-        model inputs among them as they are and points their history at the copy, after
-        which `model.save()` of the original model fails ("could not find node key").
-        Here their history is put back, and a sub-model with such mixed inputs is built
-        once more on its own new `keras.Input`s, so the model and the sub-model both
-        still save.
+        The sub-model shares the graph's layers and variables. When `inputs` are all
+        model inputs, or none is, it is `keras.Model(inputs, outputs)`. When they mix
+        model inputs with inner tensors, Keras would keep the model inputs as they are
+        but point their history at its copy of the graph, after which `model.save()` of
+        the original model fails ("could not find node key"); such a sub-model is built
+        instead by calling the layers between `inputs` and `outputs` again, with the
+        arguments of their recorded calls, on a new `keras.Input` per input (named as
+        Keras names them: a model input keeps its name, an inner tensor gets
+        `"<name>CLONE"`), so the model and the sub-model both still save.
 
         Args:
             inputs: list of tensors of the graph (model inputs or outputs of its calls).
-            outputs: list of tensors computed from `inputs` (or `inputs` themselves, or
-                outputs of layers newly called on them).
+            outputs: list of tensors computed from `inputs` by calls of the graph, or by
+                layers newly called on such tensors.
             name: the sub-model's name.
 
         Returns:
             A functional `keras.Model`; one input (output) is a tensor, several a list.
+
+        Raises:
+            ValueError: if an output needs a model input that is not among `inputs`.
         """
         model_inputs = {id(t) for t in self.inputs}
-        mixed = len({id(t) in model_inputs for t in inputs}) > 1
-        histories = [(t, t._keras_history) for t in inputs]  # noqa: SLF001
-        try:
-            sub = keras.Model(one_or_list(list(inputs)), one_or_list(list(outputs)), name=name)
-        finally:
-            for tensor, history in histories:
-                tensor._keras_history = history  # noqa: SLF001
-        if not mixed:
-            return sub
-        return keras.models.clone_model(sub, clone_function=lambda layer: layer)
-
+        if len({id(t) in model_inputs for t in inputs}) < 2:
+            return keras.Model(one_or_list(list(inputs)), one_or_list(list(outputs)), name=name)
+        tensors = {id(t): _new_input(t, id(t) in model_inputs) for t in inputs}
+        fresh = [tensors[id(t)] for t in inputs]
+        for node in _nodes_between(inputs, outputs, name):
+            _call_again(node, tensors)
+        return keras.Model(one_or_list(fresh), one_or_list([tensors[id(t)] for t in outputs]),
+                           name=name)
 
 def read_graph(model):
     """Reads the functional graph of `model`, nested models flattened into their layers.
@@ -415,6 +417,50 @@ def _given(value):
     return any(v is not None for v in keras.tree.flatten(value))
 
 
+def _new_input(tensor, is_model_input):
+    """A new `keras.Input` like `tensor`, named as Keras' own sub-model copies name it."""
+    op = tensor._keras_history.operation  # noqa: SLF001
+    optional = isinstance(op, keras.layers.InputLayer) and op.optional
+    return keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse,
+                       name=tensor.name if is_model_input else f"{tensor.name}CLONE",
+                       optional=optional)
+
+
+def _nodes_between(inputs, outputs, name):
+    """The calls that compute `outputs` from `inputs`, each after the calls it needs."""
+    stop = {id(t) for t in inputs}
+    order, done = [], set()
+    stack = [(t, False) for t in reversed(list(outputs))]
+    while stack:
+        tensor, ready = stack.pop()
+        if id(tensor) in stop:
+            continue
+        op, node_index, _ = tensor._keras_history  # noqa: SLF001
+        node = op._inbound_nodes[node_index]  # noqa: SLF001
+        if id(node) in done:
+            continue
+        if ready:
+            done.add(id(node))
+            order.append(node)
+            continue
+        if isinstance(op, keras.layers.InputLayer):
+            raise ValueError(
+                f"Sub-model '{name}' needs the model input '{op.name}', which is not among "
+                "its inputs."
+            )
+        stack.append((tensor, True))
+        stack.extend((t, False) for t in reversed(node.input_tensors))
+    return order
+
+
+def _call_again(node, tensors, **kwargs):
+    """Calls `node`'s operation again on `tensors[id(t)]` for its inputs `t`; maps its outputs."""
+    args, recorded = node.arguments.fill_in(tensors)
+    produced = keras.tree.flatten(node.operation(*args, **{**recorded, **kwargs}))
+    for old, new in zip(node.outputs, produced, strict=True):
+        tensors[id(old)] = new
+
+
 def _build_flat(model, inputs, outputs, steps):
     """Calls the leaf layers again on the flat tensors; returns the flat functional model."""
     flat = {id(t): t for t in inputs}  # id(tensor of some model) -> tensor of the flat graph
@@ -422,12 +468,10 @@ def _build_flat(model, inputs, outputs, steps):
         if isinstance(step, _Alias):
             flat[id(step.dst)] = flat[id(step.src)]
             continue
-        args, kwargs = step.node.arguments.fill_in(flat)
         if step.training is not None and isinstance(step.operation, keras.layers.Layer):
-            kwargs["training"] = step.training  # as Keras' Functional.call does
-        produced = keras.tree.flatten(step.operation(*args, **kwargs))
-        for old, new in zip(step.node.outputs, produced, strict=True):
-            flat[id(old)] = new
+            _call_again(step.node, flat, training=step.training)  # as Functional.call does
+        else:
+            _call_again(step.node, flat)
     flat_outputs = [flat[id(t)] for t in outputs]
     return keras.Model(one_or_list(list(inputs)), one_or_list(flat_outputs), name=model.name)
 

@@ -7,11 +7,12 @@ outputs to the next reproduces the whole model. A tensor produced before stage `
 needed after it (a long skip connection) is both an input and an output of stage `k`: it
 *passes through*, via a `keras.layers.Identity` (Keras cannot return an input unchanged).
 
-The stage models are built on the original model's tensors, so they share its layers and
-variables: splitting copies no weights, and training a stage trains the model. A model that
-nests other models (a `keras.applications` backbone under a new head, say) is cut in its
-flat graph (`graph.read_graph`): the stages are built on the tensors of that graph, whose
-layers are the nested models' own.
+The stage models are built from the original model's tensors (`ModelGraph.sub_model`), so
+they share its layers and variables: splitting copies no weights, training a stage trains
+the model, and the model still saves. A model that nests other models (a
+`keras.applications` backbone under a new head, say) is cut in its flat graph
+(`graph.read_graph`): the stages are built from the tensors of that graph, whose layers are
+the nested models' own.
 """
 
 import dataclasses
@@ -176,7 +177,7 @@ def describe_stages(model, cuts):
 
 
 def _build_stage(graph, model_name, stage, taken):
-    """The functional sub-model of one stage, on the original model's tensors."""
+    """The functional sub-model of one stage, sharing the model's layers."""
     name = f"{model_name}_stage{stage.index}"
     passed = {}  # id(tensor) -> its Identity output, so a repeated output stays one tensor
     outputs = []

@@ -52,8 +52,8 @@ def _square_norm(grads):
 
 
 def _differentiable(tensors):
-    """The floating-point tensors of `tensors` (a tape cannot watch a boolean padding mask)."""
-    return [t for t in tensors if t.dtype.is_floating]
+    """The float and complex tensors of `tensors` (a tape cannot watch a boolean mask)."""
+    return [t for t in tensors if t.dtype.is_floating or t.dtype.is_complex]
 
 
 def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
