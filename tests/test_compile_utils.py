@@ -186,7 +186,8 @@ def test_an_optimizer_object_is_used_as_given():
         (None, r"^`optimizer` is required, e\.g\. optimizer=tf_spectrain\.SpecTrainSGD\("
                r"learning_rate=0\.01, momentum=0\.9\)\. Received: optimizer=None$"),
         ("sgdd", r"^`optimizer` must be a Keras optimizer instance or name, such as "
-                 r"tf_spectrain\.SpecTrainSGD\(0\.01, momentum=0\.9\) or 'sgd'\. "
+                 r"keras\.optimizers\.AdamW\(1e-3\), 'adamw', 'sgd' or "
+                 r"tf_spectrain\.SpecTrainSGD\(0\.01, momentum=0\.9\)\. "
                  r"Received: optimizer='sgdd'$"),
         (0.01, r"Received: optimizer=0\.01$"),
     ],

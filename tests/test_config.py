@@ -182,3 +182,33 @@ def test_cli_check_args_lists_every_problem():
     errors = cli.check_args(args)
     assert len(errors) == 2 and errors[0].startswith("--gpus") and errors[1].startswith("--lr")
     assert cli.check_args(cli.build_parser().parse_args([])) == []
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (dict(), ("sgd", 0.01, 5e-4)),
+        (dict(model="transformer_lm"), ("adamw", 0.001, 0.01)),
+        (dict(model="transformer_classifier", dataset="imdb_reviews", download=True),
+         ("adamw", 0.001, 0.01)),
+        (dict(model="residual_lstm", dataset="imdb_reviews", download=True),
+         ("adamw", 0.001, 0.01)),
+        (dict(optimizer="adamw"), ("adamw", 0.001, 0.01)),
+        (dict(model="transformer_lm", optimizer="sgd"), ("sgd", 0.01, 5e-4)),
+        (dict(model="transformer_lm", lr=0.005, weight_decay=0.0), ("adamw", 0.005, 0.0)),
+    ],
+)
+def test_the_optimizer_and_its_defaults_follow_the_model(settings, expected):
+    config = RunConfig(**settings)
+    assert (config.optimizer, config.lr, config.weight_decay) == expected  # the tables' own
+
+
+def test_an_unknown_optimizer_is_the_only_problem_reported():
+    with pytest.raises(ConfigError) as info:
+        RunConfig(model="mlp", optimizer="adam")
+    assert len(info.value.errors) == 1, info.value.errors
+    assert "--optimizer must be one of" in info.value.errors[0]
+    assert "Received: --optimizer adam" in info.value.errors[0]
+    with pytest.raises(ConfigError) as info:  # a bad --lr given with it is still reported
+        RunConfig(optimizer="adam", lr=-1.0)
+    assert [e.split(" ")[0] for e in info.value.errors] == ["--optimizer", "--lr"]

@@ -134,7 +134,8 @@ def resolve_optimizer(optimizer):
     except (ValueError, TypeError):
         raise ValueError(
             "`optimizer` must be a Keras optimizer instance or name, such as "
-            "tf_spectrain.SpecTrainSGD(0.01, momentum=0.9) or 'sgd'. "
+            "keras.optimizers.AdamW(1e-3), 'adamw', 'sgd' or "
+            "tf_spectrain.SpecTrainSGD(0.01, momentum=0.9). "
             f"Received: optimizer={optimizer!r}"
         ) from None
 

@@ -276,11 +276,14 @@ def _problems(config):
     _check_pipeline_flags(p, c, batch_ok, devices_ok)
     if c.limit is not None:
         p.check(checks.check_int, "--limit", c.limit, 1)
-    p.check(checks.check_one_of, "--optimizer", c.optimizer, OPTIMIZERS)
-    p.check(checks.check_number, "--lr", c.lr, 0, strict=True)
+    optimizer_ok = p.check(checks.check_one_of, "--optimizer", c.optimizer, OPTIMIZERS)
+    # An unknown optimizer has no default --lr or --weight-decay: say nothing of unset ones.
+    if optimizer_ok or c.lr is not None:
+        p.check(checks.check_number, "--lr", c.lr, 0, strict=True)
     p.check(checks.check_number, "--momentum", c.momentum, 0, 1, valid="in [0, 1)",
             meaning="0 <= momentum < 1")
-    p.check(checks.check_number, "--weight-decay", c.weight_decay, 0)
+    if optimizer_ok or c.weight_decay is not None:
+        p.check(checks.check_number, "--weight-decay", c.weight_decay, 0)
     if c.precision in ("float16", "bfloat16"):
         p.add(f"--precision must be one of {list(PRECISIONS)}: the mixed policies compute in "
               f"{c.precision} and keep the variables in float32. Received: --precision "
