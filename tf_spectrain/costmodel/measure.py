@@ -23,7 +23,7 @@ import tensorflow as tf
 from tf_spectrain import checks, model_memory, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
 from tf_spectrain.partition.graph import read_graph
-from tf_spectrain.runtime.graphs import as_list, one_or_list
+from tf_spectrain.runtime.graphs import as_list, differentiable, one_or_list
 
 
 def _sync():
@@ -79,7 +79,7 @@ def _layer_functions(stage):
 
     @tf.function
     def forward_backward(inputs, upstream):
-        watched = [x for x in inputs if x.dtype.is_floating]
+        watched = differentiable(inputs)
         with tf.GradientTape() as tape:
             tape.watch(watched)
             outputs = as_list(stage(one_or_list(inputs), training=True))

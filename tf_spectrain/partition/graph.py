@@ -134,7 +134,6 @@ class ModelGraph:
             if self._produced[id(t)] <= position < self._last_use[id(t)]
         ]
 
-
     def sub_model(self, inputs, outputs, name):
         """Builds a functional model from tensors of this graph, leaving the graph intact.
 
@@ -169,6 +168,7 @@ class ModelGraph:
             _call_again(node, tensors)
         return keras.Model(one_or_list(fresh), one_or_list([tensors[id(t)] for t in outputs]),
                            name=name)
+
 
 def read_graph(model):
     """Reads the functional graph of `model`, nested models flattened into their layers.

@@ -27,6 +27,19 @@ def one_or_list(xs):
     return xs[0] if len(xs) == 1 else list(xs)
 
 
+def differentiable(tensors):
+    """The tensors of `tensors` a gradient tape can watch: the floating and complex ones.
+
+    Args:
+        tensors: a list of tensors (a boolean padding mask or integer token ids among them
+            are left out).
+
+    Returns:
+        A new list.
+    """
+    return [t for t in tensors if t.dtype.is_floating or t.dtype.is_complex]
+
+
 def all_finite(tensors):
     """One boolean tensor: every element of every floating tensor of `tensors` is finite.
 

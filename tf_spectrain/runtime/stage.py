@@ -14,7 +14,13 @@ import tensorflow as tf
 from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
-from tf_spectrain.runtime.graphs import all_finite, as_list, graph_function, one_or_list
+from tf_spectrain.runtime.graphs import (
+    all_finite,
+    as_list,
+    differentiable,
+    graph_function,
+    one_or_list,
+)
 from tf_spectrain.runtime.memory import StageMemory
 
 ACTIVATIONS = "activations"
@@ -49,11 +55,6 @@ def _square_norm(grads):
     """The sum of the squares of every element of `grads` (float64 if any of them is)."""
     dtype = _wide_dtype(grads)
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, dtype))) for g in grads])
-
-
-def _differentiable(tensors):
-    """The float and complex tensors of `tensors` (a tape cannot watch a boolean mask)."""
-    return [t for t in tensors if t.dtype.is_floating or t.dtype.is_complex]
 
 
 def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
@@ -216,7 +217,7 @@ class StageRunner:
         """The stage's forward recomputed at `weights`, and its vector-Jacobian product."""
         with tf.device(self.device):
             with tf.GradientTape() as tape:
-                tape.watch(_differentiable(self._input_targets(inputs)))
+                tape.watch(differentiable(self._input_targets(inputs)))
                 weights = [tf.convert_to_tensor(w) for w in weights]
                 tape.watch(weights)
                 outputs, penalty, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
@@ -325,7 +326,7 @@ class StageRunner:
             if keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
-                    tape.watch(_differentiable(self._input_targets(inputs)))
+                    tape.watch(differentiable(self._input_targets(inputs)))
                     tape.watch(self._tf_trainable)
                     outputs, penalty, logits, finite = self._call_forward(
                         inputs, labels_t, scale_t
