@@ -14,14 +14,9 @@ import tensorflow as tf
 from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
-from tf_spectrain.runtime.graphs import (
-    all_finite,
-    as_list,
-    differentiable,
-    graph_function,
-    one_or_list,
-)
+from tf_spectrain.runtime.graphs import as_list, differentiable
 from tf_spectrain.runtime.memory import StageMemory
+from tf_spectrain.runtime.passes import StagePasses, with_penalty
 
 ACTIVATIONS = "activations"
 """`StageRunner.forward(keep=...)`: keep the forward's activations (a tape) for its backward."""
@@ -31,41 +26,6 @@ WEIGHTS = "weights"
 """Keep the inputs and a copy of the forward's weights; the backward recomputes at those."""
 _KEEPS = {True: ACTIVATIONS, False: INPUTS, ACTIVATIONS: ACTIVATIONS, INPUTS: INPUTS,
           WEIGHTS: WEIGHTS}
-
-
-def _with_penalty(grads_out, loss_scale=None):
-    """Output gradients for `outputs + [penalty]`: the penalty enters the loss as is.
-
-    With a `loss_scale` (the optimizer's `loss_scale_factor`, or a dynamic scale: a float32
-    tensor), the loss and the penalty are scaled by it, as `keras.Model.fit` scales the
-    loss; the update divides it out.
-    """
-    if grads_out is None:  # last stage: every output is a scalar part of the loss
-        return None if loss_scale is None else [loss_scale, loss_scale]
-    one = 1.0 if loss_scale is None else loss_scale
-    return list(grads_out) + [tf.convert_to_tensor(one, tf.float32)]
-
-
-def _wide_dtype(grads):
-    """float64 if any of `grads` is, else float32: the dtype of their norms."""
-    return tf.float64 if any(g.dtype == tf.float64 for g in grads) else tf.float32
-
-
-def _square_norm(grads):
-    """The sum of the squares of every element of `grads` (float64 if any of them is)."""
-    dtype = _wide_dtype(grads)
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, dtype))) for g in grads])
-
-
-def _clip_globally(grads, squares, clipnorm, loss_scale_factor):
-    """Scales `grads` as Keras' `clip_by_global_norm` does, from all stages' squared norms."""
-    dtype = _wide_dtype(grads)
-    norm = tf.sqrt(tf.add_n([tf.cast(x, dtype) for x in squares]))
-    if loss_scale_factor is not None:  # the gradients are scaled; Keras clips unscaled ones
-        norm = norm / tf.cast(loss_scale_factor, dtype)
-    scale = clipnorm * tf.minimum(1.0 / norm, 1.0 / clipnorm)
-    scale = scale + (norm - norm)  # NaN when the norm is not finite, as in Keras
-    return [g * tf.cast(scale, g.dtype) for g in grads]
 
 
 @dataclasses.dataclass
@@ -118,15 +78,15 @@ class StageRunner:
         self.plan = plan
         self.loss = loss
         self.is_last = loss is not None
-        self.trainable = list(model.trainable_variables)
-        self.non_trainable = list(model.non_trainable_variables)
-        self._tf_trainable = [v.value for v in self.trainable]
         if (plan.forward_steps or plan.backward_steps) and not hasattr(
                 optimizer, "update_directions"):
             raise TypeError(
                 f"Stage {k} predicts weights and needs a `tf_spectrain.SpecTrain` optimizer "
                 f"(any Keras optimizer, wrapped). Received: {type(optimizer).__name__}"
             )
+        self.passes = StagePasses(k, model, device, optimizer, loss)
+        self.trainable = self.passes.trainable
+        self.non_trainable = self.passes.non_trainable
         self._inflight = {}
         self._stashed = (None, None)  # (i, weights): the copy the micro-batches of i share
         self._pending = None
@@ -134,155 +94,30 @@ class StageRunner:
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
         self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
         self.skip_non_finite = False
-        self.global_clipnorm = None  # set by `clip_globally`
         self.reducer = None  # sums the gradient over the stage's replicas (`replicas.py`)
         self._attempts = 0  # updates asked for (applied or skipped)
         self._ever_skipping = False  # whether `skipped` may be above 0
-        # Keras' `loss_scale_factor`: `fit` scales the loss by it, the optimizer divides
-        # the gradients by it; the backward scales the loss's output gradients (one place).
-        factor = getattr(optimizer, "loss_scale_factor", None)
-        self._loss_scale = None if factor is None else float(factor)
-        self.loss_scale = None  # a dynamic `loss_scale.DynamicLossScale` (`use_loss_scale`)
-        self._pending_scale = None  # with one: the scale the pending gradient is scaled by
+        self._pending_scale = None  # with a dynamic loss scale: the pending gradient's scale
         self._pending_flags = None  # ... and (received finite, own finite) of its backwards
-        with tf.device(device):
-            self._skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.probe = None
         self.memory = StageMemory(model, optimizer, device)  # what the stage keeps alive
         self._remote = health.task_of(device) is not None  # on a worker of a cluster
-        self._forward_fn = graph_function(self._forward)
-        self._vjp_fn = graph_function(self._recompute_vjp)
-        self._vjp_at_fn = graph_function(self._vjp_at)
-        self._snapshot_fn = graph_function(self._snapshot)
-        self._apply_fn = graph_function(self._apply)
-        self._infer_fn = graph_function(self._infer)
-        self._finite_fn = graph_function(all_finite)
-        self._square_fn = graph_function(_square_norm)
-        self._rescale_fn = graph_function(loss_scale_lib.rescale)
-        self._apply_scaled_fn = graph_function(self._apply_scaled)
 
-    # --- graph functions ----------------------------------------------------------------
+    @property
+    def global_clipnorm(self):
+        """Sync mode's global clipping norm over all stages (`clip_globally`), or None."""
+        return self.passes.global_clipnorm
 
-    def _weights(self, steps):
-        """The trainable weights `W + steps * d` as tensors (the current ones for 0)."""
-        if not steps:
-            return [tf.convert_to_tensor(v) for v in self._tf_trainable]
-        ds = self.optimizer.update_directions(self.trainable)
-        return [v + steps * d for v, d in zip(self._tf_trainable, ds)]
-
-    def _run(self, weights, non_trainable, inputs, labels, scale):
-        """The stage at `weights`: `(outputs, penalty, new_state, logits)`."""
-        # `outputs` is the list of tensors to hand on (the last stage: `[loss * scale]`),
-        # `penalty` the stage's own layer losses (weight regularizers, `add_loss`) times
-        # `scale`, which `model.fit` adds to the loss, and `logits` the model output on the
-        # last stage (else None).
-        outputs, new_state, losses = self.model.stateless_call(
-            weights, non_trainable, one_or_list(inputs), training=True, return_losses=True
-        )
-        penalty = tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else 0.0
-        penalty = tf.convert_to_tensor(penalty, tf.float32) * scale
-        if not self.is_last:
-            return as_list(outputs), penalty, new_state, None
-        loss = self.loss(labels, outputs)
-        return [loss * tf.cast(scale, loss.dtype)], penalty, new_state, outputs
-
-    def _forward(self, inputs, labels, scale, steps):
-        with tf.device(self.device):
-            state = [v.value for v in self.non_trainable]
-            outputs, penalty, new_state, logits = self._run(
-                self._weights(steps), state, inputs, labels, scale
-            )
-            finite = all_finite(outputs + [penalty] + list(new_state))
-            # A pass that produced a non-finite value leaves the state (BatchNorm moving
-            # statistics) as it was, so that on_nan="skip" keeps the model usable.
-            for v, value in zip(self.non_trainable, new_state):
-                v.assign(tf.where(finite, value, v.value))
-            return outputs, penalty, logits, finite
-
-    def _input_targets(self, inputs):
-        """The inputs whose gradient the previous stage needs (none on stage 0)."""
-        return list(inputs) if self.k > 0 else []
-
-    def _recompute_vjp(self, inputs, output_grads, non_trainable, labels, scale, steps):
-        with tf.device(self.device):
-            return self._vjp_at(inputs, output_grads, non_trainable, labels, scale,
-                                self._weights(steps))
-
-    def _snapshot(self, steps):
-        """A copy of the weights `W + steps * m`, for a backward that reuses them later."""
-        with tf.device(self.device):
-            return [tf.identity(w) for w in self._weights(steps)]
-
-    def _vjp_at(self, inputs, output_grads, non_trainable, labels, scale, weights):
-        """The stage's forward recomputed at `weights`, and its vector-Jacobian product."""
-        with tf.device(self.device):
-            with tf.GradientTape() as tape:
-                tape.watch(differentiable(self._input_targets(inputs)))
-                weights = [tf.convert_to_tensor(w) for w in weights]
-                tape.watch(weights)
-                outputs, penalty, _, _ = self._run(weights, non_trainable, inputs, labels, scale)
-            grads = tape.gradient(
-                outputs + [penalty],
-                weights + self._input_targets(inputs),
-                output_gradients=output_grads,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-            return grads[: len(weights)], grads[len(weights) :]
-
-    def _apply(self, grads, squares, skip):
-        """Clips by the global norm (given `squares`), then applies, or skips if not finite."""
-        with tf.device(self.device):
-            if squares:
-                grads = _clip_globally(grads, squares, self.global_clipnorm,
-                                       self.optimizer.loss_scale_factor)
-            if not skip:
-                self.optimizer.apply_gradients(zip(grads, self.trainable))
-                return tf.constant(True)
-            finite = all_finite(grads)
-
-            def apply():
-                self.optimizer.apply_gradients(zip(grads, self.trainable))
-                return tf.constant(True)
-
-            done = tf.cond(finite, apply, lambda: tf.constant(False))
-            self._skipped.assign_add(tf.cast(tf.logical_not(done), tf.int64))
-            return done
-
-    def _apply_scaled(self, grads, squares, scale, flags, finite):
-        """Under a dynamic loss scale: unscales and applies, or skips; then moves the scale."""
-        # `flags` are (received finite, own finite) of the backwards; `finite` every
-        # stage's `pending_finite` in sync mode, where all stages decide together.
-        with tf.device(self.device):
-            if self.loss_scale.shared:
-                applied = tf.reduce_all(tf.stack(finite)) if finite else all_finite(grads)
-                halve = tf.constant(True)
-            else:
-                applied = tf.logical_and(flags[1], all_finite(grads))
-                halve = flags[0]  # an overflow that came from downstream halved there
-
-            def apply():
-                unscaled = [g / tf.cast(scale, g.dtype) for g in grads]
-                if squares:  # the squares are of the scaled gradients
-                    unscaled = _clip_globally(unscaled, squares, self.global_clipnorm, scale)
-                self.optimizer.apply_gradients(zip(unscaled, self.trainable))
-                return tf.constant(True)
-
-            done = tf.cond(applied, apply, lambda: tf.constant(False)) if grads else applied
-            self.loss_scale.after_update(done, halve)
-            self._skipped.assign_add(tf.cast(tf.logical_not(done), tf.int64))
-            return done
-
-    def _infer(self, inputs):
-        with tf.device(self.device):
-            outputs = as_list(self.model(one_or_list(inputs), training=False))
-            losses = [tf.cast(x, tf.float32) for x in self.model.losses]
-            return outputs, tf.add_n(losses) if losses else tf.zeros((), tf.float32)
+    @property
+    def loss_scale(self):
+        """The stage's dynamic `loss_scale.DynamicLossScale` (`use_loss_scale`), or None."""
+        return self.passes.loss_scale
 
     # --- passes -------------------------------------------------------------------------
 
     def _call_forward(self, inputs, labels, scale):
         if not self._remote:
-            return self._forward_fn(inputs, labels, scale, self.plan.forward_steps)
+            return self.passes.forward_fn(inputs, labels, scale, self.plan.forward_steps)
         # On a worker, called outside the stage's device scope (`_forward` places its ops
         # on the device itself). A graph function called under a remote device scope
         # returns before the worker has run it, and a GradientTape recording the call then
@@ -290,7 +125,7 @@ class StageRunner:
         # (the workers' watchdog too) stalls for the pass, and for ever on a hung worker.
         # Called from here, the call itself waits, with the GIL released.
         with tf.device(None):
-            return self._forward_fn(inputs, labels, scale, self.plan.forward_steps)
+            return self.passes.forward_fn(inputs, labels, scale, self.plan.forward_steps)
 
     def forward(self, key, inputs, keep, labels=None, scale=1.0):
         """Forward pass of `key`, at the weights `W + s_f * m` of the stage's plan.
@@ -326,8 +161,8 @@ class StageRunner:
             if keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
-                    tape.watch(differentiable(self._input_targets(inputs)))
-                    tape.watch(self._tf_trainable)
+                    tape.watch(differentiable(self.passes.input_targets(inputs)))
+                    tape.watch(self.passes.tf_trainable)
                     outputs, penalty, logits, finite = self._call_forward(
                         inputs, labels_t, scale_t
                     )
@@ -370,29 +205,29 @@ class StageRunner:
         record = self._inflight.pop(key)
         self.memory.released(key)
         with tf.device(self.device):
-            grads_out, out_scale, received = self._received(grads_out)
-            output_grads = _with_penalty(grads_out, out_scale)
+            grads_out, out_scale, received = self.passes.received(grads_out)
+            output_grads = with_penalty(grads_out, out_scale)
             if record.tape is not None:
                 grads = record.tape.gradient(
                     record.outputs,
-                    self._tf_trainable + self._input_targets(record.inputs),
+                    self.passes.tf_trainable + self.passes.input_targets(record.inputs),
                     output_gradients=output_grads,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
-                n = len(self._tf_trainable)
+                n = len(self.passes.tf_trainable)
                 grads_w, grads_x = grads[:n], grads[n:]
             else:
                 labels = record.labels if record.labels is not None else tf.zeros((), tf.float32)
                 args = (record.inputs, output_grads, record.non_trainable, labels,
                         tf.constant(record.scale, tf.float32))
                 if record.weights is not None:
-                    grads_w, grads_x = self._vjp_at_fn(*args, record.weights)
+                    grads_w, grads_x = self.passes.vjp_at_fn(*args, record.weights)
                 else:
                     steps = self.plan.backward_steps
                     steps = self.plan.forward_steps if steps is None else steps
-                    grads_w, grads_x = self._vjp_fn(*args, steps)
+                    grads_w, grads_x = self.passes.recompute_vjp_fn(*args, steps)
             self._accumulate(grads_w)
-            finite = self._finite_fn(list(grads_w) + list(grads_x))
+            finite = self.passes.finite_fn(list(grads_w) + list(grads_x))
             if self.loss_scale is not None:
                 self._note_scaled(out_scale, received, finite)
         if self._stashed[0] == key[0] and not any(i == key[0] for i, _ in self._inflight):
@@ -410,20 +245,9 @@ class StageRunner:
         """The copy of the forward weights of mini-batch i (made by its first micro-batch)."""
         batch, weights = self._stashed
         if batch != i:
-            weights = self._snapshot_fn(self.plan.forward_steps)
+            weights = self.passes.snapshot_fn(self.plan.forward_steps)
             self._stashed = (i, weights)
         return weights
-
-    def _received(self, grads_out):
-        """`(output gradients, the scale they are at, whether they came finite)`."""
-        # With a dynamic scale, the received gradient is brought to this stage's scale, so
-        # that the backward runs at it (docs/SPECTRAIN.md, "Mixed precision").
-        if self.loss_scale is None:
-            return (None if grads_out is None else as_list(grads_out)), self._loss_scale, None
-        if grads_out is None:  # the last stage scales its loss by its own scale
-            return None, tf.identity(self.loss_scale.scale.value), tf.constant(True)
-        gradients, received_scale = grads_out
-        return self._rescale_fn(as_list(gradients), received_scale, self.loss_scale.scale.value)
 
     def _note_scaled(self, scale, received, finite):
         """Keeps the pending gradient's scale and finite flags, over its micro-batches."""
@@ -469,7 +293,7 @@ class StageRunner:
         if self.loss_scale is not None:  # even without weights: the scale follows its rule
             self._update_scaled(pending, squares, finite)
         elif self.trainable:  # a stage without weights (e.g. only padding) has no update
-            self._apply_fn(pending, list(squares or []), self.skip_non_finite)
+            self.passes.apply_fn(pending, list(squares or []), self.skip_non_finite)
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
@@ -477,7 +301,7 @@ class StageRunner:
     def _update_scaled(self, pending, squares, finite):
         scale, flags = self._pending_scale, self._pending_flags
         self._pending_scale = self._pending_flags = None
-        self._apply_scaled_fn(pending, list(squares or []), scale, flags, list(finite or []))
+        self.passes.apply_scaled_fn(pending, list(squares or []), scale, flags, list(finite or []))
 
     def use_loss_scale(self, scale):
         """Turns on dynamic loss scaling (docs/SPECTRAIN.md, "Mixed precision").
@@ -491,8 +315,8 @@ class StageRunner:
         Args:
             scale: the stage's `loss_scale.DynamicLossScale` (shared: sync mode's rule).
         """
-        self.loss_scale = scale
-        self._loss_scale = None
+        self.passes.loss_scale = scale
+        self.passes.loss_scale_factor = None
         self.optimizer.loss_scale_factor = None
         self._ever_skipping = True
 
@@ -505,7 +329,7 @@ class StageRunner:
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: no pending gradient")
         with tf.device(self.device):
-            return self._finite_fn(self._pending) if self._pending else tf.constant(True)
+            return self.passes.finite_fn(self._pending) if self._pending else tf.constant(True)
 
     @property
     def pending_gradient(self):
@@ -543,7 +367,7 @@ class StageRunner:
         Args:
             clipnorm: the global norm to clip to, a positive float.
         """
-        self.global_clipnorm = float(clipnorm)
+        self.passes.global_clipnorm = float(clipnorm)
         self.optimizer.global_clipnorm = None
 
     def pending_square_norm(self):
@@ -558,12 +382,12 @@ class StageRunner:
         if self._pending is None:
             raise RuntimeError(f"stage {self.k}: no pending gradient")
         with tf.device(self.device):
-            return self._square_fn(self._pending) if self._pending else tf.zeros(())
+            return self.passes.square_fn(self._pending) if self._pending else tf.zeros(())
 
     @property
     def skipped(self):
         """Updates left out because their gradient was not finite (reads the device)."""
-        return int(self._skipped.numpy())
+        return int(self.passes.skipped.numpy())
 
     @property
     def updates(self):
@@ -580,7 +404,7 @@ class StageRunner:
             `(outputs, penalty)`: the output tensors as a list, and the stage's layer
             losses for these inputs (a scalar, 0 without regularizers).
         """
-        return self._infer_fn(as_list(inputs))
+        return self.passes.infer_fn(as_list(inputs))
 
     def current_weights(self, steps=0):
         """Computes the trainable weights `W + steps * d` as tensors on the stage's device.
@@ -593,7 +417,7 @@ class StageRunner:
             A list of tensors, one per trainable variable.
         """
         with tf.device(self.device):
-            return self._weights(steps)
+            return self.passes.weights(steps)
 
     def first_non_finite(self):
         """The earliest recent pass that produced a non-finite value, or None.
