@@ -42,14 +42,16 @@ def cuts_for(stage_sizes):
 
 
 def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1, optimizer=None,
-                   epochs=EPOCHS, **options):
+                   epochs=EPOCHS, steps_per_execution=2, **options):
+    # Windows of 2 mini-batches unless said otherwise: forwards cross window boundaries.
     model = keras_mlp(params)
     pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[num_stages]), mode=mode,
                          spectrain_target=target, micro_batches=micro_batches, **options)
     if optimizer is None:
         optimizer = SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM)
     pipe.compile(optimizer=optimizer,
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 steps_per_execution=steps_per_execution)
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
     history = pipe.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
@@ -73,11 +75,15 @@ def max_diff(a, b):
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 2, "auto"])
 @pytest.mark.parametrize("num_stages", [2, 3, 4])
 @pytest.mark.parametrize("mode, target", MODES)
-def test_mode_matches_numpy_reference(problem, num_stages, mode, target):
+def test_mode_matches_numpy_reference(problem, num_stages, mode, target, steps_per_execution):
+    # 1: pass by pass from the stage threads; 2: windows of 2 mini-batches, forwards
+    # whose backward is in the next window carried across; "auto": one window per epoch.
     expected, expected_losses = reference(problem, num_stages, mode, target)
-    got, history = train_pipeline(*problem, num_stages, mode, target)
+    got, history = train_pipeline(*problem, num_stages, mode, target,
+                                  steps_per_execution=steps_per_execution)
     assert max_diff(got, expected) < ATOL
     # The epoch loss Keras reports is the mean of the per-mini-batch losses.
     epoch_losses = np.mean(np.reshape(expected_losses, (EPOCHS, NUM_BATCHES)), axis=1)
@@ -98,11 +104,14 @@ def test_sync_micro_batches_equal_full_batch(problem, micro_batches):
     assert max_diff(got, expected) < ATOL
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
 @pytest.mark.parametrize("mode, target", MODES[1:])
-def test_micro_batches_in_every_mode_match_the_reference(problem, mode, target):
+def test_micro_batches_in_every_mode_match_the_reference(problem, mode, target,
+                                                         steps_per_execution):
     # SPECTRAIN.md section 5a: F(i) and B(i) run the micro-batches back to back, one update.
     expected, _ = reference(problem, 3, mode, target, micro_batches=2)
-    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2)
+    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2,
+                            steps_per_execution=steps_per_execution)
     assert max_diff(got, expected) < ATOL
 
 
@@ -114,12 +123,15 @@ def test_one_f_one_b_flush_gives_the_gpipe_result(problem, micro_batches):
     assert max_diff(got, expected) < ATOL
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
 @pytest.mark.parametrize("mode, target", MODES)
-def test_recompute_always_gives_the_reference_result(problem, mode, target):
+def test_recompute_always_gives_the_reference_result(problem, mode, target,
+                                                     steps_per_execution):
     # Every backward recomputes (stash and consistent at a kept copy of the forward's
     # weights), micro-batches included: the same steps as the reference.
     expected, _ = reference(problem, 3, mode, target, micro_batches=2)
-    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2, recompute="always")
+    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2, recompute="always",
+                            steps_per_execution=steps_per_execution)
     assert max_diff(got, expected) < ATOL
 
 

@@ -25,9 +25,10 @@ from tf_spectrain.runtime import inference
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime import replicas as replicas_lib
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
-from tf_spectrain.runtime.loop import FitLoop
+from tf_spectrain.runtime.loop import FitLoop, window_size
 from tf_spectrain.runtime.stage import build_runners
 from tf_spectrain.runtime.state import PipelineState, Progress
+from tf_spectrain.runtime.window_epoch import WindowFunctions, WindowSetup
 
 ON_NAN = modes.ON_NAN
 AUTO = autocuts.AUTO
@@ -260,7 +261,8 @@ class PipelineModel:
         if compiled is not None:
             self.compile(*compiled)
 
-    def compile(self, optimizer, loss, metrics=None, loss_weights=None, auto_scale_loss=True):
+    def compile(self, optimizer, loss, metrics=None, loss_weights=None, auto_scale_loss=True,
+                steps_per_execution="auto"):
         """Configures training, as `keras.Model.compile`.
 
         Args:
@@ -289,18 +291,34 @@ class PipelineModel:
                 in the other modes each stage its own (docs/SPECTRAIN.md, "Mixed
                 precision and loss scaling"); `runners[k].loss_scale` holds stage k's.
 
+            steps_per_execution: mini-batches per graph call, as in Keras: with K > 1 every
+                stage's passes of K mini-batches (and the loss and metrics) run in one
+                TensorFlow graph, whose ops run on their devices as their inputs arrive,
+                with no Python between passes (`tf_spectrain.runtime.window_epoch`); the
+                callbacks' per-batch hooks run once per K mini-batches, as Keras runs
+                them, and a learning rate set at a batch's begin applies to the K. The
+                training math is the same for every K (docs/SPECTRAIN.md section 3a).
+                1 runs each pass from its stage's thread. `"auto"` (the default): 16,
+                unless a callback of your own has per-batch hooks (then 1). The
+                telemetry's pass-by-pass prediction error (`Telemetry(prediction_every=
+                ...)`) runs the epochs it measures as with 1.
+
         Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
         losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more
         than one output has a loss.
 
         Raises:
             TypeError: `metrics` not a list.
-            ValueError: a missing or unknown optimizer, loss or metric, a list of losses,
+            ValueError: a `steps_per_execution` that is not "auto" or an int >= 1; a
+                missing or unknown optimizer, loss or metric, a list of losses,
                 weights or metrics that does not fit the outputs (or a dict naming
                 something that is not an output), `loss_weights` for a model with one
                 output, `global_clipnorm` outside sync mode, or loss scaling with
                 replicas outside sync mode.
         """
+        if not (isinstance(steps_per_execution, str) and steps_per_execution == AUTO):
+            checks.check_int("steps_per_execution", steps_per_execution, 1,
+                             meaning='mini-batches per graph call, or "auto"')
         given = compile_utils.resolve_optimizer(optimizer)
         optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
@@ -320,7 +338,11 @@ class PipelineModel:
             self.loss = compile_utils.resolve_loss(loss)
             self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
         self.optimizer = given
-        self._compiled_with = (given, loss, metrics, loss_weights, auto_scale_loss)
+        self._compiled_with = (given, loss, metrics, loss_weights, auto_scale_loss,
+                               steps_per_execution)
+        self.steps_per_execution = steps_per_execution
+        self._train_logs = None  # the TrainLogs of every fit, made at the first
+        self._windows = None  # the traced window graphs, for those logs
         self.replica_runners = [
             build_runners(stages, devices, self.plans, optimizer, self.loss)
             for stages, devices in zip(self.replica_stages, self.replica_devices)
@@ -348,6 +370,16 @@ class PipelineModel:
     epoch_seconds = _progress_field("epoch_seconds", "wall time of the last epoch's training")
     images_seen = _progress_field("images_seen", "training examples seen in this `fit`")
     batches_skipped = _progress_field("batches_skipped", "mini-batches skipped (on_nan='skip')")
+
+    def window_functions(self, logs):
+        """The traced window graphs of this pipeline (`runtime.window_epoch`), kept across
+        `fit` calls; `logs` is the `runtime.bookkeeping.TrainLogs` they update."""
+        if self._windows is None or self._windows.setup.logs is not logs.logs:
+            report = 0 if self.mode == "sync" else self.num_stages - 1
+            self._windows = WindowFunctions(
+                WindowSetup(self._require_replica_runners(), logs.logs, self.micro_batches,
+                            report))
+        return self._windows
 
     @property
     def stage_optimizers(self):
@@ -497,8 +529,11 @@ class PipelineModel:
         def validate():
             return self._evaluate_logs(validation_data, batch_size)
 
-        logs = TrainLogs(self.all_runners, self.metrics, self.progress)
-        self._loop = FitLoop(self, callback_list, logs, feed.num_batches, on_nan)
+        if self._train_logs is None:
+            self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
+        window = window_size(self.steps_per_execution, callbacks)
+        self._loop = FitLoop(self, callback_list, self._train_logs, feed.num_batches, on_nan,
+                             window)
         try:
             self._loop.run(
                 initial_epoch, epochs, next_batches, None if validation_data is None else validate

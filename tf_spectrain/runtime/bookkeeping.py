@@ -159,6 +159,30 @@ class TrainLogs:
             return
         self.logs.update(loss, size, [(labels, logits) for _, logits, labels in parts])
 
+    def record_window(self, epoch, reported, losses, sizes, on_nan):
+        """Counts the mini-batches a window reported; their metrics are in already.
+
+        A window's graph updates the loss tracker and metrics with each finite mini-batch
+        itself (`runtime.window_graph`); this counts the examples and the skipped ones.
+
+        Args:
+            epoch: the epoch in progress.
+            reported: the window's reported mini-batch indices.
+            losses: their losses (layer losses included), as floats.
+            sizes: `{i: examples}` of the fed mini-batches.
+            on_nan: "stop" or "skip".
+
+        Raises:
+            NonFiniteLossError: a non-finite loss with `on_nan="stop"`.
+        """
+        for i, loss in zip(reported, losses):
+            self.progress.images_seen += sizes[i]
+            if np.isfinite(loss):
+                continue
+            if on_nan == "stop":
+                raise NonFiniteLossError(self.non_finite_message(epoch, i, float(loss)))
+            self.progress.batches_skipped += 1
+
     def non_finite_message(self, epoch, i, loss):
         """Describes where a non-finite loss came from: the first stage pass that produced one.
 
@@ -171,7 +195,7 @@ class TrainLogs:
             The message: the step, the first non-finite stage pass (stage, device, pass,
             mini-batch) and its learning rate when known, and what to try next.
         """
-        firsts = [(r.first_non_finite(), r) for r in self.runners]
+        firsts = [(r.first_non_finite(), r) for r in self.runners]  # (order, kind, key)
         firsts = [(f, r) for f, r in firsts if f is not None]
         steps = self.progress.epoch_progress[2] if self.progress.epoch_progress else 0
         text = (

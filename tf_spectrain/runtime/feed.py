@@ -29,13 +29,7 @@ def split_batch(x, parts, what="micro-batches"):
     """
     xs = x if isinstance(x, (list, tuple)) else [x]
     n = int(xs[0].shape[0])
-    if parts > n:
-        raise ValueError(
-            f"A mini-batch of {n} examples cannot be split into {parts} {what} "
-            "(each needs at least one example). This is usually the last, smaller "
-            "mini-batch of an epoch: choose a batch size that divides the number of "
-            "examples (or drop the remainder), or fewer micro-batches."
-        )
+    _check_parts(n, parts, what)
     sizes = [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
     pieces = [tf.split(t, sizes) for t in xs]
     out = []
@@ -43,6 +37,28 @@ def split_batch(x, parts, what="micro-batches"):
         part = [p[j] for p in pieces]
         out.append((part if isinstance(x, (list, tuple)) else part[0], size))
     return out
+
+
+def _check_parts(n, parts, what):
+    """Raises if a mini-batch of n examples cannot be cut into `parts` slices of `what`."""
+    if parts > n:
+        raise ValueError(
+            f"A mini-batch of {n} examples cannot be split into {parts} {what} "
+            "(each needs at least one example). This is usually the last, smaller "
+            "mini-batch of an epoch: choose a batch size that divides the number of "
+            "examples (or drop the remainder), or fewer micro-batches."
+        )
+
+
+def check_split(n, parts, replicas, micro_batches):
+    """Checks that a mini-batch of n examples splits into `parts = replicas x micro_batches`.
+
+    Raises:
+        ValueError: if `parts > n` (the message names what the parts are).
+    """
+    what = ("micro-batches" if replicas == 1 else
+            f"parts ({replicas} replicas x {micro_batches} micro-batches)")
+    _check_parts(n, parts, what)
 
 
 class Feed:
@@ -106,9 +122,8 @@ class Feed:
         if parts == 1:
             return [[(x, y, 1.0)]]
         n = int(tf.nest.flatten(x)[0].shape[0])
-        what = ("micro-batches" if self.replicas == 1 else
-                f"parts ({self.replicas} replicas x {m} micro-batches)")
-        xs, ys = split_batch(x, parts, what), split_batch(y, parts, what)
+        check_split(n, parts, self.replicas, m)
+        xs, ys = split_batch(x, parts), split_batch(y, parts)
         flat = [(xp, yp, size / n) for (xp, size), (yp, _) in zip(xs, ys)]
         return [flat[r * m:(r + 1) * m] for r in range(self.replicas)]
 

@@ -53,7 +53,7 @@ def all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def graph_function(method, reduce_retracing=True):
+def graph_function(method, reduce_retracing=True, autograph=True):
     """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
@@ -63,11 +63,12 @@ def graph_function(method, reduce_retracing=True):
     Args:
         method: the function to wrap (a bound method of a `StageRunner`).
         reduce_retracing: passed to `tf.function`.
+        autograph: passed to `tf.function` (False for Python that only builds a graph).
 
     Returns:
         The `tf.function`.
     """
-    function = tf.function(method, reduce_retracing=reduce_retracing)
+    function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph)
     if hasattr(function, "_omit_frequent_tracing_warning"):
         # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001

@@ -8,11 +8,49 @@ trained weights are then copied back into the wrapped model before `on_epoch_end
 
 import time
 
+import keras
+
 from tf_spectrain import prediction, schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.state import op_lists
+from tf_spectrain.runtime.window_epoch import WindowedEpoch
+from tf_spectrain.schedule.windows import EpochWindows
+
+AUTO = "auto"
+AUTO_WINDOW = 16
+"""Mini-batches per graph call with `steps_per_execution="auto"` where callbacks allow."""
+_BATCH_HOOKS = ("on_train_batch_begin", "on_batch_begin", "on_train_batch_end", "on_batch_end")
+
+
+def _per_batch(callback):
+    """Whether a user's callback has its own per-batch hooks (Keras' and ours run per window,
+    as they do under `keras.Model.fit` with `steps_per_execution`)."""
+    module = type(callback).__module__ or ""
+    if module.split(".")[0] in ("keras", "tf_spectrain"):
+        return False
+    return any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+               for hook in _BATCH_HOOKS)
+
+
+def window_size(setting, callbacks):
+    """The mini-batches a `fit` runs per graph call.
+
+    Args:
+        setting: the compiled `steps_per_execution`: an int >= 1, or `"auto"`.
+        callbacks: the user's callbacks of this `fit` (a list, or None).
+
+    Returns:
+        The int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own
+        has per-batch hooks (then 1: each mini-batch its own call, so those hooks see
+        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`).
+    """
+    if setting != AUTO:
+        return int(setting)
+    if any(_per_batch(c) for c in callbacks or ()):
+        return 1
+    return AUTO_WINDOW
 
 
 def keep_rules(plans, lists, recompute="auto"):
@@ -78,15 +116,20 @@ class FitLoop:
         logs: the `runtime.bookkeeping.TrainLogs` of this `fit`.
         num_batches: mini-batches per epoch.
         on_nan: `"stop"` or `"skip"`.
+        window: mini-batches per graph call (`window_size`); 1 runs every pass from its
+            stage's thread (`runtime.executor`), more runs windows of that many
+            (`runtime.window_epoch`, with `pipeline.window_functions`), unless the
+            telemetry measures prediction errors pass by pass (`runner.probe`).
     """
 
-    def __init__(self, pipeline, callbacks, logs, num_batches, on_nan):
+    def __init__(self, pipeline, callbacks, logs, num_batches, on_nan, window=1):
         self.pipeline = pipeline
         self.callbacks = callbacks
         self.logs = logs
         self.num_batches = num_batches
         self.on_nan = on_nan
-        self._run = None  # the EpochRun in progress
+        self.window = window
+        self._run = None  # the EpochRun or WindowedEpoch in progress
 
     def request_stop(self):
         """Feeds no further mini-batch to the epoch in progress (safe from any thread)."""
@@ -142,37 +185,33 @@ class FitLoop:
         return logs
 
     def _run_epoch(self, epoch, batches):
-        """One epoch through the stage threads; the weights end up in the wrapped model."""
+        """One epoch through the stages; the weights end up in the wrapped model."""
         pipe, progress, n = self.pipeline, self.pipeline.progress, self.num_batches
         lists = op_lists(pipe.mode, pipe.num_stages, n, pipe.micro_batches, pipe.schedule)
-        run = EpochRun(
-            pipe.runners,
-            lists,
-            batches,
-            pipe.micro_batches,
-            keep_rules(pipe.plans, lists, pipe.recompute),
-            label=f"epoch {epoch}",
-            clip_globally=any(r.global_clipnorm for r in pipe.runners),
-            replicas=pipe.replica_runners if pipe.replicas > 1 else None,
-        )
+        rules = keep_rules(pipe.plans, lists, pipe.recompute)
         for runner in pipe.all_runners:
             runner.timeline.clear()
             runner.events.clear()
             runner.memory.reset_peak()  # each epoch's peak
         progress.epoch_progress = (epoch, 0, n)
-
         read_rate = learning_rate_reader(pipe.runners[-1].optimizer)
+        label = f"epoch {epoch}"
+        if self.window > 1 and not any(r.probe is not None for r in pipe.all_runners):
+            run, hook = self._windowed(epoch, batches, rules, label)
+        else:
+            run = EpochRun(
+                pipe.runners, lists, batches, pipe.micro_batches, rules, label=label,
+                clip_globally=any(r.global_clipnorm for r in pipe.runners),
+                replicas=pipe.replica_runners if pipe.replicas > 1 else None,
+            )
+
+            def hook(i, parts):
+                self.logs.record(epoch, i, parts, self.on_nan)
+                self._batch_done(run, epoch, i + 1)
 
         def on_begin(i):
             self.callbacks.on_train_batch_begin(i)
             return run.wait_for(read_rate)  # a remote read that a lost worker cannot hang
-
-        def on_batch(i, parts):
-            self.logs.record(epoch, i, parts, self.on_nan)
-            progress.epoch_progress = (epoch, i + 1, n)
-            self.callbacks.on_train_batch_end(i, self.logs.result())
-            if pipe.model.stop_training:
-                run.request_stop()
 
         self._run = run
         started = time.perf_counter()
@@ -180,7 +219,7 @@ class FitLoop:
         try:
             if pipe.model.stop_training:
                 run.request_stop()  # stopped from outside before this epoch began
-            run.run(on_batch, on_begin)
+            run.run(hook, on_begin)
         except BaseException as error:
             for runner in pipe.runners:
                 runner.probe = None  # measurements belong to this fit's callbacks
@@ -195,3 +234,29 @@ class FitLoop:
             pipe.epochs_trained += 1
             if not lost:  # a stage's device is gone: its weights cannot be read back
                 pipe.copy_weights_to_model()
+
+    def _batch_done(self, run, epoch, done):
+        """After mini-batch `done - 1`: progress, `on_train_batch_end`, a requested stop."""
+        pipe = self.pipeline
+        pipe.progress.epoch_progress = (epoch, done, self.num_batches)
+        self.callbacks.on_train_batch_end(done - 1, self.logs.result())
+        if pipe.model.stop_training:
+            run.request_stop()
+
+    def _windowed(self, epoch, batches, rules, label):
+        """The epoch's `WindowedEpoch` and the hook its `run` calls after each window."""
+        pipe = self.pipeline
+        report_stage = 0 if pipe.mode == "sync" else pipe.num_stages - 1
+        windows = EpochWindows(
+            lambda t: op_lists(pipe.mode, pipe.num_stages, t, pipe.micro_batches,
+                               pipe.schedule),
+            self.num_batches, self.window, report_stage,
+        )
+        run = WindowedEpoch(pipe.window_functions(self.logs), windows, batches, rules, label)
+
+        def on_window(window, losses):
+            self.logs.record_window(epoch, window.reported, losses, run.sizes, self.on_nan)
+            if window.stop > window.first:
+                self._batch_done(run, epoch, window.stop)
+
+        return run, on_window

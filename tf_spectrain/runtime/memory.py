@@ -137,12 +137,23 @@ class StageMemory:
         """
         own = (tensor_bytes(inputs) + tensor_bytes(list(state))
                + tape_examples * self.activations_per_example)
+        self.kept_bytes(key, own, None if weight_copy is None else tensor_bytes(weight_copy))
+
+    def kept_bytes(self, key, own, weight_copy=None):
+        """Counts what the forward of `key = (i, j)` keeps, given in bytes (see `kept`).
+
+        Args:
+            key: `(i, j)`.
+            own: the bytes of its own inputs, state and activations.
+            weight_copy: the bytes of the weight copy it shares with the other
+                micro-batches of mini-batch i, or None.
+        """
         self._kept[key] = own
         self._now += own
         if weight_copy is not None:
             entry = self._shared.get(key[0])
             if entry is None:
-                entry = self._shared[key[0]] = [tensor_bytes(weight_copy), 0]
+                entry = self._shared[key[0]] = [weight_copy, 0]
                 self._now += entry[0]
             entry[1] += 1
         self.peak_in_flight = max(self.peak_in_flight, self._now)

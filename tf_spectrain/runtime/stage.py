@@ -298,6 +298,12 @@ class StageRunner:
         if self.probe is not None:
             self.probe.after_update()
 
+    def note_updates(self, count):
+        """Counts `count` updates run outside `update` (in a window's graph)."""
+        self._attempts += count
+        self._ever_skipping = (self._ever_skipping or self.skip_non_finite
+                               or self.loss_scale is not None)
+
     def _update_scaled(self, pending, squares, finite):
         scale, flags = self._pending_scale, self._pending_flags
         self._pending_scale = self._pending_flags = None

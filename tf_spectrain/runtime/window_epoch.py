@@ -1,0 +1,298 @@
+"""Runs one epoch of a pipeline as windows: one graph call per K mini-batches.
+
+`WindowedEpoch` is `runtime.executor.EpochRun`'s counterpart for `steps_per_execution = K`
+(`PipelineModel.compile`): it cuts the epoch with `schedule.windows.EpochWindows`, feeds
+each window its mini-batches, calls the window's graph (`runtime.window_graph`, traced once
+per window shape and kept in `WindowFunctions`), and reports each window to the caller,
+which runs the Keras callbacks once per window, as `keras.Model.fit` does with
+`steps_per_execution`. Losses, metrics and non-finite flags are read once per window.
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tf_spectrain.cluster import watchdog as watchdog_lib
+from tf_spectrain.runtime.feed import check_split
+from tf_spectrain.runtime.graphs import graph_function
+from tf_spectrain.runtime.loss_scale import shares_scale
+from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
+from tf_spectrain.runtime.window_graph import WindowEmitter
+from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
+
+_WAIT_SLICE = 0.05
+
+
+class WindowSetup:
+    """What every window graph of one pipeline depends on besides its program.
+
+    Args:
+        grid: R lists of N `StageRunner`s (one list without replicas), replica 0 first.
+        logs: the `runtime.bookkeeping.BatchLogs` the graphs update (loss and metrics).
+        micro_batches: M.
+        report_stage: the stage whose updates report mini-batches (`EpochWindows`).
+    """
+
+    def __init__(self, grid, logs, micro_batches, report_stage):
+        self.grid = grid
+        self.logs = logs
+        self.micro_batches = micro_batches
+        self.report_stage = report_stage
+        self.num_stages = len(grid[0])
+        self.replicas = len(grid)
+        self.clip_globally = any(r.global_clipnorm for r in grid[0])
+        self.shared_scale = shares_scale(grid[0])
+        self.waits_for_all_stages = self.clip_globally or self.shared_scale
+
+    def index(self, r, k):
+        """The position of replica r's stage k in `runners`."""
+        return r * self.num_stages + k
+
+    @property
+    def runners(self):
+        """Every runner, replica 0's stages first."""
+        return [runner for runners in self.grid for runner in runners]
+
+
+class WindowFunctions:
+    """The traced window graphs of one pipeline, by window shape.
+
+    Args:
+        setup: the pipeline's `WindowSetup`.
+    """
+
+    def __init__(self, setup):
+        self.setup = setup
+        self._cache = {}
+
+    def get(self, window, keeps, with_rates):
+        """The graph function of `window` and the trace's notes (see `WindowEmitter`).
+
+        Returns:
+            `(function, notes, base)`: `function(xs, ys, rates, carried)` returns a dict
+            with `carried`, `losses` and `flags`; `notes` is the list
+            `WindowEmitter.notes`, filled when the function is first traced, for the
+            window whose first reported mini-batch is `base`.
+        """
+        base = window.first
+        skips = tuple(r.skip_non_finite for r in self.setup.runners)
+        relative = tuple(sorted(((k, i - base, j), keep) for (k, i, j), keep in keeps.items()))
+        key = (window.shape(), relative, with_rates, skips)
+        entry = self._cache.get(key)
+        if entry is None:
+            notes = []
+
+            def body(xs, ys, rates, carried):
+                emitter = WindowEmitter(self.setup, window, keeps, xs, ys, rates, carried)
+                outputs = emitter.emit()
+                notes[:] = emitter.notes
+                return outputs
+
+            entry = self._cache[key] = (graph_function(body, autograph=False), notes, base)
+        return entry
+
+
+def window_keeps(window, rules, plans):
+    """What each forward of `window` keeps (`runtime.loop.keep_rules`), given the window.
+
+    A forward whose backward is in a later window cannot keep its activations: it keeps
+    its weights where the backward reuses them, else only its inputs.
+
+    Args:
+        window: a `schedule.windows.Window`.
+        rules: one keep rule per stage (`keep((i, j))`).
+        plans: each stage's `modes.PassPlan`.
+
+    Returns:
+        `{(k, i, j): ACTIVATIONS | INPUTS | WEIGHTS}` for the window's forwards.
+    """
+    backwards = {(k, op.batch, op.micro) for k, op in window.program if op.kind == BACKWARD}
+    keeps = {}
+    for k, op in window.program:
+        if op.kind != FORWARD:
+            continue
+        keep = rules[k]((op.batch, op.micro))
+        if keep == ACTIVATIONS and (k, op.batch, op.micro) not in backwards:
+            keep = WEIGHTS if plans[k].reuses_forward else INPUTS
+        keeps[(k, op.batch, op.micro)] = keep
+    return keeps
+
+
+class WindowedEpoch:
+    """One epoch of a pipeline, run window by window (see the module docstring).
+
+    Args:
+        functions: the pipeline's `WindowFunctions`.
+        windows: the epoch's `schedule.windows.EpochWindows`.
+        batches: an iterator of `(x, y)` mini-batches.
+        rules: each stage's keep rule (`runtime.loop.keep_rules`).
+        label: names the epoch in error notes, e.g. "epoch 3".
+    """
+
+    def __init__(self, functions, windows, batches, rules, label=None):
+        self.functions = functions
+        self.setup = functions.setup
+        self.windows = windows
+        self.batches = batches
+        self.rules = rules
+        self.label = label
+        self.stop = threading.Event()
+        self.sizes = {}  # i -> examples of fed mini-batch i
+        self._labels = {}  # i -> labels of a fed mini-batch until its window
+        self._rates = {}  # i -> the learning rate of mini-batch i's updates (or None)
+        self._watchdog = None
+        self._passes = 0  # passes reported so far (orders `runner.events`)
+
+    @property
+    def fed(self):
+        """Mini-batches fed so far."""
+        return self.windows.fed
+
+    def request_stop(self):
+        """Feeds no further mini-batch; the epoch ends once those fed are done."""
+        self.stop.set()
+
+    def run(self, on_window, on_begin=None):
+        """Runs the epoch; calls `on_window(window, losses)` after each window.
+
+        `on_begin(i)` (if given) runs before each window that reports mini-batches, with
+        its first one; it returns the learning rate of those mini-batches' updates on every
+        stage (a float), or None to leave each stage's optimizer as it is.
+
+        Raises:
+            ValueError: if the data runs out, or a mini-batch is too small to split.
+            tf_spectrain.cluster.watchdog.WorkerLostError: if a worker holding stages
+                stopped answering.
+            BaseException: whatever a window or `on_window` raised.
+        """
+        setup = self.setup
+        self._watchdog = watchdog_lib.watch(
+            [runner.device for runner in setup.runners], lambda error: None, label=self.label,
+            num_stages=setup.num_stages if setup.replicas > 1 else None,
+        )
+        try:
+            carried = {}
+            for window in self.windows:
+                carried = self._run_window(window, carried, on_window, on_begin)
+                if self.stop.is_set():
+                    self.windows.stop()
+        except BaseException:
+            for runner in setup.runners:
+                runner.reset()
+            raise
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.stop()
+
+    def _run_window(self, window, carried, on_window, on_begin):
+        base = window.first
+        if on_begin is not None and window.stop > window.first:
+            rate = on_begin(window.first)
+            for i in window.reported:
+                self._rates[i] = rate
+        xs = {str(i - base): self._feed(i) for i in window.fed}
+        ys = {str(i - base): self._labels.pop(i) for i in window.reported}
+        updated = sorted({op.batch for k, op in window.program if op.kind == UPDATE})
+        with_rates = on_begin is not None and any(self._rates.get(i) is not None
+                                                  for i in updated)
+        rates = None
+        if with_rates:
+            rates = {str(i - base): tf.constant(self._rates[i], tf.float32) for i in updated}
+        keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
+        function, notes, traced_base = self.functions.get(window, keeps, with_rates)
+        outputs = self._call(lambda: _read(function(xs, ys, rates, carried)))
+        self._note(window, outputs["flags"], notes, base - traced_base)
+        for k, op in window.program:
+            if k == 0 and op.kind == UPDATE:  # mini-batch i's last update
+                self._rates.pop(op.batch, None)
+        on_window(window, outputs["losses"])
+        return outputs["carried"]
+
+    def _feed(self, i):
+        """Reads mini-batch i: its inputs for this window, its labels for its report."""
+        try:
+            x, y = next(self.batches)
+        except StopIteration:
+            raise ValueError(
+                f"The training data ran out after {i} mini-batches of an epoch of "
+                f"{self.windows.num_batches}. With `steps_per_epoch`, the dataset must yield "
+                "at least steps_per_epoch * epochs batches (e.g. use `dataset.repeat()`)."
+            ) from None
+        n = int(tf.nest.flatten(x)[0].shape[0])
+        setup = self.setup
+        check_split(n, setup.replicas * setup.micro_batches, setup.replicas,
+                    setup.micro_batches)
+        self.sizes[i] = n
+        self._labels[i] = y
+        return x
+
+    def wait_for(self, fn):
+        """Returns `fn()`; with stages on workers, runs it in a helper thread and gives up
+        (raising the watchdog's `WorkerLostError`) once a worker is lost."""
+        return self._call(fn)
+
+    def _call(self, fn):
+        """`fn()`; with stages on workers, in a helper thread, given up on a lost worker."""
+        if self._watchdog is None:
+            return fn()
+        done, box = threading.Event(), {}
+
+        def call():
+            try:
+                box["value"] = fn()
+            except BaseException as error:  # re-raised in the caller
+                box["error"] = error
+            done.set()
+
+        threading.Thread(target=call, name="tf_spectrain-window", daemon=True).start()
+        while not done.wait(_WAIT_SLICE):
+            if self._watchdog.lost.is_set():
+                raise self._watchdog.error
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _note(self, window, flags, notes, shift):
+        """Records the window's passes: non-finite flags, memory, update counts.
+
+        `notes` were traced for a window `shift` mini-batches earlier of the same shape.
+        """
+        setup = self.setup
+        runners = setup.runners
+        passes = [(setup.index(r, k), op.kind, (op.batch, op.micro))
+                  for k, op in window.program if op.kind != UPDATE
+                  for r in range(setup.replicas)]
+        for (index, kind, key), finite in zip(passes, flags):
+            self._passes += 1
+            runners[index].events.append((self._passes, kind, key, bool(finite)))
+        for note in notes:
+            if note[0] == "kept":
+                _, index, (i, j), per_example, fixed, weights, tape = note
+                runner = runners[index]
+                examples = self._examples(i + shift, j, index // setup.num_stages)
+                own = per_example * examples + fixed
+                if tape:
+                    own += runner.memory.activations_per_example * examples
+                runner.memory.kept_bytes((i + shift, j), own, weights)
+            else:
+                _, index, (i, j) = note
+                runners[index].memory.released((i + shift, j))
+        for k in range(setup.num_stages):
+            count = sum(1 for s, op in window.program if s == k and op.kind == UPDATE)
+            for r in range(setup.replicas):
+                setup.grid[r][k].note_updates(count)
+
+    def _examples(self, i, j, r):
+        """The examples of replica r's micro-batch j of mini-batch i."""
+        parts = self.setup.replicas * self.setup.micro_batches
+        n = self.sizes.get(i, 0)
+        p = self.setup.micro_batches * r + j
+        return n // parts + (1 if p < n % parts else 0)
+
+
+def _read(outputs):
+    """The outputs with the losses and flags read to the host (one wait for the window)."""
+    outputs = dict(outputs)
+    outputs["losses"] = outputs["losses"].numpy()
+    outputs["flags"] = outputs["flags"].numpy()
+    return outputs
