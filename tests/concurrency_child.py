@@ -6,7 +6,8 @@ One intra-op thread per op, the CPU split into 2 logical devices: each stage can
 core, so CPU time / wall time is about 2 when the stages run at once and about 1 when they
 run one at a time (a little more: with two inter-op threads, independent ops of one pass,
 such as a backward's weight and input gradients, run side by side). The child first times
-a pipeline in `--mode` whose stages run freely, then a fresh pipeline in `--serialised-mode`
+a pipeline in `--mode` whose stages run freely (pass by pass, then in windows of 8
+mini-batches, one graph each), then a fresh pipeline in `--serialised-mode`
 whose stages take turns (a lock around every pass), to show that the measurement tells the
 two apart. Both in one process: the thread settings are the same for both, and a second
 TensorFlow start would cost more than the two measurements.
@@ -47,18 +48,25 @@ def serialise(runner_cls):
         setattr(runner_cls, name, locked)
 
 
-def measure(tf_spectrain, keras, np, devices, mode, steps, b):
-    """CPU/wall of a timed `fit` of a fresh pipeline in `mode` (after a tracing `fit`)."""
+def measure(tf_spectrain, keras, np, devices, mode, steps, b, steps_per_execution=1):
+    """CPU/wall of a timed `fit` of a fresh pipeline in `mode` (after a tracing `fit`).
+
+    Pass by pass (`steps_per_execution=1`, the stage threads), or in windows of that many
+    mini-batches (one graph per window); windows trace one graph per window shape, so
+    their tracing `fit` is as long as the timed one.
+    """
     keras.utils.set_random_seed(0)
     pipe = tf_spectrain.PipelineModel(
         conv_model(keras), cuts=["block1_pool"], devices=devices, mode=mode
     )
     pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 steps_per_execution=steps_per_execution)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(b * steps, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, len(x))
-    pipe.fit(x[: 3 * b], y[: 3 * b], batch_size=b, epochs=1, verbose=0)  # tracing
+    warm = 3 * b if steps_per_execution == 1 else len(x)
+    pipe.fit(x[:warm], y[:warm], batch_size=b, epochs=1, verbose=0, shuffle=False)  # tracing
     cpu, wall = time.process_time(), time.perf_counter()
     pipe.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -85,10 +93,12 @@ def main():
         warnings.simplefilter("ignore")
         devices = tf_spectrain.setup_devices(2)
     free = measure(tf_spectrain, keras, np, devices, args.mode, args.steps, args.batch_size)
+    windows = measure(tf_spectrain, keras, np, devices, args.mode, args.steps, args.batch_size,
+                      steps_per_execution=8)
     serialise(StageRunner)
     taking_turns = measure(tf_spectrain, keras, np, devices, args.serialised_mode, args.steps,
                            args.batch_size)
-    print(json.dumps({"free": free, "taking_turns": taking_turns}))
+    print(json.dumps({"free": free, "windows": windows, "taking_turns": taking_turns}))
 
 
 if __name__ == "__main__":

@@ -104,8 +104,10 @@ def _wait_for_checkpoint(directory, process, after=None, timeout=120):
 
 # 100 mini-batches per epoch (several seconds): long enough to be interrupted in the middle
 # of an epoch, 0.5 s (a signal) or 1 s (SIGKILL) after the checkpoint of the epoch before.
+# Pass by pass (--steps-per-execution 1), so that an epoch lasts long enough to be
+# interrupted in the middle (windows of 8 run these 100 mini-batches in a fraction of a second).
 LONG = ["--model", "mlp", "--gpus", "3", "--limit", "400", "--batch-size", "4",
-        "--epochs", "3", "--prediction-every", "0"]
+        "--epochs", "3", "--prediction-every", "0", "--steps-per-execution", "1"]
 
 
 STOPPED = (r"Stopped by (\w+) at epoch (\d+), after (\d+) of its (\d+) mini-batches. "
@@ -224,7 +226,8 @@ def _tensor_scalars(logdir, tag):
 
 def test_cli_resume_takes_the_new_lr_and_continues_the_step_numbers(tmp_path, capsys):
     logdir = str(tmp_path / "run")
-    argv = CUT + ["--logdir", logdir, "--log-every", "1", "--prediction-every", "0"]
+    argv = CUT + ["--logdir", logdir, "--log-every", "1", "--prediction-every", "0",
+                  "--steps-per-execution", "1"]  # a log per mini-batch
     assert run_cli(argv + ["--epochs", "1", "--lr", "0.01"], capsys)[0] == 0
     code, out = run_cli(argv + ["--epochs", "2", "--lr", "0.002", "--resume"], capsys)
     assert code == 0
@@ -244,7 +247,8 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
     from tf_spectrain.callbacks import Telemetry
 
     whole, split = tmp_path / "whole", tmp_path / "split"
-    argv = CUT + ["--epochs", "2", "--mode", "sync", "--log-every", "1"]
+    argv = CUT + ["--epochs", "2", "--mode", "sync", "--log-every", "1",
+                  "--steps-per-execution", "1"]
     assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
     args = dataclasses.replace(cli.parse_args(argv + ["--logdir", str(split)]), verbose=0)
     run = training.prepare(args)

@@ -46,17 +46,26 @@ def measured():
     assert out.returncode == 0, out.stderr[-3000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     print(record)
-    return record["free"]["cores"], record["taking_turns"]["cores"]
+    return record["free"]["cores"], record["taking_turns"]["cores"], record["windows"]["cores"]
 
 
 @needs_two_cores
 def test_two_stages_use_more_than_one_core(measured):
-    used, taking_turns = measured  # spectrain: stash runs the same threads, fewer passes
+    used, taking_turns, _ = measured  # spectrain: stash runs the same threads, fewer passes
     assert used > OVERLAPPED
     assert used > taking_turns + MARGIN
 
 
 @needs_two_cores
+def test_two_stages_in_one_window_graph_use_more_than_one_core(measured):
+    # Windows of 8 mini-batches: one graph per window, whose ops TensorFlow runs on their
+    # devices as their inputs arrive; the stages overlap without a thread each.
+    _, taking_turns, windows = measured
+    assert windows > OVERLAPPED
+    assert windows > taking_turns + MARGIN
+
+
+@needs_two_cores
 def test_stages_that_take_turns_are_caught(measured):
-    _, taking_turns = measured
+    _, taking_turns, _ = measured
     assert taking_turns < OVERLAPPED

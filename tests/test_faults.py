@@ -48,12 +48,13 @@ def data(poison=True, n=64):
     return x, y
 
 
-def pipeline(mode="spectrain", model=None):
+def pipeline(mode="spectrain", model=None, steps_per_execution="auto"):
     pipe = PipelineModel(model or poisonable_mlp(), cuts=["dense0", "dense1"], mode=mode)
     pipe.compile(
         SpecTrainSGD(LR, momentum=0.9),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         ["accuracy"],
+        steps_per_execution=steps_per_execution,
     )
     return pipe
 
@@ -108,7 +109,9 @@ def test_on_nan_must_be_stop_or_skip():
         pipe.fit(x, y, epochs=1, verbose=0, on_nan="ignore")
 
 
-def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch():
+@pytest.mark.parametrize("steps_per_execution", [1, "auto"])
+def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch(
+        steps_per_execution):
     keras.utils.set_random_seed(1)
     inputs = keras.Input((6,))
     h = keras.layers.Dense(8, name="dense0")(inputs)
@@ -116,7 +119,7 @@ def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch
                             name="check")(h)
     h = keras.layers.Dense(8, name="dense1")(h)
     outputs = keras.layers.Dense(3, name="dense2")(h)
-    pipe = pipeline("vanilla", keras.Model(inputs, outputs))
+    pipe = pipeline("vanilla", keras.Model(inputs, outputs), steps_per_execution)
     x, y = data(poison=False)
     x[5 * BATCH + 2] = np.nan  # mini-batch 5
     start = time.perf_counter()
@@ -124,7 +127,11 @@ def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch
         pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert time.perf_counter() - start < 30  # promptly, not after a hang
     notes = " ".join(getattr(info.value, "__notes__", []))
-    assert "stage 1 on /CPU:1 failed in the forward pass of mini-batch 5 of epoch 0" in notes
+    if steps_per_execution == 1:
+        assert "stage 1 on /CPU:1 failed in the forward pass of mini-batch 5 of epoch 0" in notes
+    else:  # one window of the epoch's 8 mini-batches: the op inside a stage's function
+        assert ("stage 1 on /CPU:1 failed in a forward pass of epoch 0, in the window of "
+                "mini-batches 0-7") in notes
     assert no_stage_threads()
 
 
@@ -176,7 +183,8 @@ def test_request_stop_from_another_thread_ends_fit_promptly():
 
 
 def test_out_of_memory_in_a_backward_stops_every_stage_and_says_where():
-    pipe = pipeline("spectrain", poisonable_mlp(seed=4))
+    # Injected into the pass-by-pass runner's backward (steps_per_execution=1).
+    pipe = pipeline("spectrain", poisonable_mlp(seed=4), steps_per_execution=1)
     runner = pipe.runners[2]
     original = runner.backward
 

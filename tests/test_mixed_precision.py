@@ -297,7 +297,7 @@ def _spy(pipe):
 def test_async_modes_train_in_the_compute_dtype(policy, mode, target, options):
     model = mlp(policy)
     pipe = PipelineModel(model, cuts=CUTS, mode=mode, spectrain_target=target, **options)
-    pipe.compile(optimizer=sgd(), loss=loss())
+    pipe.compile(optimizer=sgd(), loss=loss(), steps_per_execution=1)  # spied pass by pass
     seen = _spy(pipe)
     history = pipe.fit(*data(), batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert np.isfinite(history.history["loss"]).all()

@@ -527,7 +527,12 @@ def test_stage_variables_and_optimizer_slots_live_on_their_device():
 
 @pytest.fixture
 def forward_spy(monkeypatch):
-    """Records (stage, key, keeps the tape, in_flight after the forward, keep) of every forward."""
+    """Records (stage, key, keeps the tape, in_flight after the forward, keep) of every forward.
+
+    It spies on the pass-by-pass runner, so pipelines run pass by pass (steps_per_execution
+    "auto" means 1 here); test_windows.py checks that windows give the same weights.
+    """
+    monkeypatch.setattr(tf_spectrain.runtime.loop, "AUTO_WINDOW", 1)
     calls = []
     original = StageRunner.forward
 

@@ -39,12 +39,14 @@ def data(n=96, seed=1):
     return x, y
 
 
-def pipeline(mode="spectrain", target="paper", cuts=("dense0", "dense1", "dense2")):
+def pipeline(mode="spectrain", target="paper", cuts=("dense0", "dense1", "dense2"),
+             steps_per_execution="auto"):
     pipe = PipelineModel(mlp(), cuts=list(cuts), mode=mode, spectrain_target=target)
     pipe.compile(
         SpecTrainSGD(LR, momentum=0.9),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         ["accuracy"],
+        steps_per_execution=steps_per_execution,
     )
     return pipe
 
@@ -232,7 +234,7 @@ def test_consistent_target_measures_forwards_against_n_minus_1_minus_k(tmp_path)
 
 
 def test_sync_mode_has_nothing_to_predict(tmp_path):
-    pipe = pipeline("sync")
+    pipe = pipeline("sync", steps_per_execution=1)  # a log per mini-batch
     telemetry = Telemetry(tmp_path, log_every=4)
     x, y = data()
     pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[telemetry])
@@ -273,7 +275,8 @@ def test_auto_interval_keeps_step_logging_under_two_percent(tmp_path):
     out = keras.layers.Dense(10, name="logits")(h)
     pipe = PipelineModel(keras.Model(inputs, out), cuts=["conv1"], mode="spectrain")
     pipe.compile(SpecTrainSGD(0.01, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"],
+                 steps_per_execution=1)  # per-step logging of every mini-batch
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2400, 16, 16, 3)).astype("float32")  # 150 steps per epoch
     y = rng.integers(0, 10, 2400).astype("int32")

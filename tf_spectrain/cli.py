@@ -149,6 +149,14 @@ def build_parser():
         help="pipelines: measure the weight prediction error (staleness) on every Nth "
         "mini-batch of each epoch, on every stage; 0 turns it off",
     )
+    add(
+        "steps_per_execution",
+        type=_auto_or_int,
+        help="mini-batches per graph call (Keras' compile argument): pipelines run every "
+        "stage's passes of that many in one TensorFlow graph, with per-step logs and "
+        "callbacks once per call; 'auto' is 8, or 1 while measuring prediction errors "
+        "(--prediction-every > 0)",
+    )
     add("graph", action="store_true", help="also write the model graph to TensorBoard")
     add("histograms", action="store_true", help="also write weight histograms every epoch")
     add(

@@ -161,6 +161,7 @@ class RunConfig:
     logdir: str | None = None
     log_every: int | str = "auto"
     prediction_every: int = 10
+    steps_per_execution: int | str = "auto"
     graph: bool = False
     histograms: bool = False
     checkpoint_dir: str | None = None
@@ -458,6 +459,8 @@ def _check_run_flags(p, c):
     p.check(checks.check_int, "--log-every", c.log_every, 1, allow=("auto",),
             valid="'auto' or an integer >= 1")
     p.check(checks.check_int, "--prediction-every", c.prediction_every, 0, meaning="0: off")
+    p.check(checks.check_int, "--steps-per-execution", c.steps_per_execution, 1,
+            allow=("auto",), valid="'auto' or an integer >= 1")
     keep_ok = p.check(checks.check_int, "--keep-checkpoints", c.keep_checkpoints, 0,
                       meaning="0: no checkpoints")
     if c.resume and keep_ok and c.keep_checkpoints == 0:

@@ -298,7 +298,7 @@ class PipelineModel:
                 callbacks' per-batch hooks run once per K mini-batches, as Keras runs
                 them, and a learning rate set at a batch's begin applies to the K. The
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
-                1 runs each pass from its stage's thread. `"auto"` (the default): 16,
+                1 runs each pass from its stage's thread. `"auto"` (the default): 8,
                 unless a callback of your own has per-batch hooks (then 1). The
                 telemetry's pass-by-pass prediction error (`Telemetry(prediction_every=
                 ...)`) runs the epochs it measures as with 1.
@@ -316,9 +316,9 @@ class PipelineModel:
                 output, `global_clipnorm` outside sync mode, or loss scaling with
                 replicas outside sync mode.
         """
-        if not (isinstance(steps_per_execution, str) and steps_per_execution == AUTO):
-            checks.check_int("steps_per_execution", steps_per_execution, 1,
-                             meaning='mini-batches per graph call, or "auto"')
+        steps_per_execution = checks.check_int(
+            "steps_per_execution", steps_per_execution, 1, allow=(AUTO,),
+            valid="'auto' or an integer >= 1 (mini-batches per graph call)")
         given = compile_utils.resolve_optimizer(optimizer)
         optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)

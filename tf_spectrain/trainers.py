@@ -115,6 +115,7 @@ def build_trainer(
     metrics=None,
     batch_size=32,
     precision="float32",
+    steps_per_execution="auto",
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -143,6 +144,8 @@ def build_trainer(
         batch_size: pipelines with "auto" cuts: the batch size to profile and plan at.
         precision: the Keras dtype policy the model is built under (`PRECISIONS`);
             `mixed_float16` scales the loss dynamically, as `keras.Model.compile` does.
+        steps_per_execution: mini-batches per graph call (`compile`'s argument); "auto"
+            is the pipeline's default, and 1 (Keras' default) for `single` and `dp`.
 
     Returns:
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
@@ -176,8 +179,9 @@ def build_trainer(
         with scope:
             with precision_policy(precision):
                 model = build_model()
-            model.compile(optimizer=make_optimizer(**settings), loss=loss,
-                          metrics=metrics)
+            model.compile(optimizer=make_optimizer(**settings), loss=loss, metrics=metrics,
+                          steps_per_execution=(1 if steps_per_execution == "auto"
+                                               else steps_per_execution))
         return model
     build_device = model_memory.model_build_device(devices)
     with tf.device(build_device) if build_device else contextlib.nullcontext():
@@ -199,7 +203,8 @@ def build_trainer(
         replicas=replicas,
         profile_batch_size=max(1, batch_size // replicas),  # what each replica runs
     )
-    pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics)
+    pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics,
+                 steps_per_execution=steps_per_execution)
     return pipe
 
 

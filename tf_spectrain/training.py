@@ -157,6 +157,7 @@ def prepare(config):
         metrics=["accuracy"],
         batch_size=config.batch_size,
         precision=config.precision,
+        steps_per_execution=config.steps_per_execution,
     )
     model = trainers.keras_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)

@@ -35,9 +35,9 @@ class Telemetry(keras.callbacks.Callback):
     | `batch/images_per_second` | training throughput since the previous logged step |
     | `epoch/<metric>`, `epoch/val_<metric>` | epoch-end training and validation results |
     | `epoch/wall_time` | seconds of the epoch, validation included |
-    | `pipeline/stage_<k>/busy_seconds` | time stage k spent in its passes during the epoch |
-    | `pipeline/stage_<k>/utilisation` | busy time / the epoch's training wall time |
-    | `pipeline/bubble_fraction` | measured idle share: 1 - mean utilisation of the stages |
+    | `pipeline/stage_<k>/busy_seconds` | time stage k spent in its passes during the epoch (*) |
+    | `pipeline/stage_<k>/utilisation` | busy time / the epoch's training wall time (*) |
+    | `pipeline/bubble_fraction` | measured idle share: 1 - mean utilisation of the stages (*) |
     | `pipeline/bubble_fraction_schedule` | the idle share of the schedule in lock-step slots |
     | `pipeline/stage_<k>/s_f`, `.../s_b` | SpecTrain's version gaps in use (0: current weights) |
     | `pipeline/stage_<k>/memory_bytes` | estimated peak bytes the stage kept in the epoch |
@@ -51,6 +51,10 @@ class Telemetry(keras.callbacks.Callback):
     | `prediction/stage_<k>/<pass>_error` | `|W_used - W_target|` (vanilla, stash: the staleness) |
     | `prediction/stage_<k>/<pass>_baseline` | `|W_stale - W_target|` |
     | `prediction/stage_<k>/<pass>_ratio_mean` | per epoch, the mean of the sampled ratios |
+
+    (*) Only for epochs run pass by pass (`steps_per_execution=1`, or measuring prediction
+    errors): windows run every pass of K mini-batches in one graph call, without per-pass
+    times. With windows, per-step scalars are written at the end of a window.
 
     `<pass>` is `forward` or `backward`. The prediction error is measured, not derived: see
     `tf_spectrain.runtime.probe`. With a plain Keras model (the `single` and `dp` baselines)
@@ -194,6 +198,7 @@ class Telemetry(keras.callbacks.Callback):
             stages = self.state.num_stages if self.state is not None else 1
             self._scalar("run/num_stages", stages, 0)
         self._step = 0
+        self._epoch_done = 0
         self._last_log = (started, 0, 0)  # (time, step, images)
         self._started, self._ended = started, None
         self._log_costs = []
@@ -211,14 +216,21 @@ class Telemetry(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._offset, self.resume_batch = epoch, self.resume_batch, 0
+        self._epoch_done = 0  # mini-batches of this epoch reported so far
         self._epoch_start = time.perf_counter()
         for probe in self._probes():
             probe.epoch, probe.offset = epoch, self._offset
 
     def on_train_batch_end(self, batch, logs=None):
         started = time.perf_counter()
-        self._step += 1
-        if self._step % self.log_interval and self._step != 1:
+        # Count mini-batches by index: with steps_per_execution = K (Keras', or a pipeline's
+        # windows) one call ends K of them. Log the first call, and every call that passes
+        # a multiple of the interval.
+        advanced = max(batch + 1 - self._epoch_done, 1)
+        self._epoch_done = batch + 1
+        self._step += advanced
+        before = self._step - advanced
+        if self._step // self.log_interval == before // self.log_interval and before:
             spent = time.perf_counter() - started
             self.overhead_seconds += spent
             self.batch_log_seconds += spent
@@ -230,7 +242,7 @@ class Telemetry(keras.callbacks.Callback):
         lr = self._learning_rate()
         if lr is not None:
             values["batch/learning_rate"] = lr
-        if self._step > 1:
+        if before:
             counts_images = self.state is not None or self.batch_size
             name = "images_per_second" if counts_images else "steps_per_second"
             values[f"batch/{name}"] = rate
@@ -241,7 +253,7 @@ class Telemetry(keras.callbacks.Callback):
         if not traced:
             self._log_costs = (self._log_costs + [finished - started])[-5:]
         self._last_log = (finished, self._step, self._images())
-        if self.log_every == "auto" and self._step > 1 and self._log_costs:
+        if self.log_every == "auto" and before and self._log_costs:
             per_step = (started - last_time) / max(self._step - last_step, 1)
             # The dearest of the last few writes: one cheap write must not shrink the
             # interval below what the usual ones need.
@@ -266,11 +278,15 @@ class Telemetry(keras.callbacks.Callback):
     def _write_stages(self, epoch):
         pipe = self.state
         wall = max(pipe.epoch_seconds, 1e-9)
+        # Windows (steps_per_execution > 1) run every pass inside one graph call: there
+        # are no per-pass times, so no busy time, utilisation or measured bubble.
+        timed = any(pipe.timelines)
         stats = []
         for runner, plan, timeline in zip(pipe.runners, pipe.plans, pipe.timelines):
-            busy = sum(end - start for _, _, start, end in timeline)
+            busy = sum(end - start for _, _, start, end in timeline) if timed else None
             memory = runner.memory.estimate()
-            stats.append({"stage": runner.k, "busy_seconds": busy, "utilisation": busy / wall,
+            stats.append({"stage": runner.k, "busy_seconds": busy,
+                          "utilisation": None if busy is None else busy / wall,
                           "memory_bytes": memory.peak, "in_flight_bytes": memory.peak_in_flight,
                           "in_flight_micro_batches": memory.peak_micro_batches,
                           "device_peak_bytes": memory.device_peak})
@@ -280,14 +296,16 @@ class Telemetry(keras.callbacks.Callback):
             self._scalar(f"{prefix}/in_flight_micro_batches", memory.peak_micro_batches, epoch)
             if memory.device_peak is not None:
                 self._scalar(f"{prefix}/device_peak_bytes", memory.device_peak, epoch)
-            self._scalar(f"{prefix}/busy_seconds", busy, epoch)
-            self._scalar(f"{prefix}/utilisation", busy / wall, epoch)
+            if timed:
+                self._scalar(f"{prefix}/busy_seconds", busy, epoch)
+                self._scalar(f"{prefix}/utilisation", busy / wall, epoch)
             self._scalar(f"{prefix}/s_f", plan.forward_steps, epoch)
             s_b = plan.forward_steps if plan.backward_steps is None else plan.backward_steps
             self._scalar(f"{prefix}/s_b", s_b, epoch)
         self.stage_stats.append(stats)
-        mean_util = sum(s["utilisation"] for s in stats) / len(stats)
-        self._scalar("pipeline/bubble_fraction", max(0.0, 1.0 - mean_util), epoch)
+        if timed:
+            mean_util = sum(s["utilisation"] for s in stats) / len(stats)
+            self._scalar("pipeline/bubble_fraction", max(0.0, 1.0 - mean_util), epoch)
         done = pipe.epoch_progress[1] if pipe.epoch_progress else 0
         if done:
             if done not in self._schedule_bubbles:

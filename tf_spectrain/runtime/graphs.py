@@ -1,5 +1,7 @@
 """Small TensorFlow helpers of the runtime: lists of tensors and quiet graph functions."""
 
+import functools
+
 import tensorflow as tf
 
 
@@ -53,7 +55,7 @@ def all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def graph_function(method, reduce_retracing=True, autograph=True):
+def graph_function(method, reduce_retracing=True, autograph=True, name=None):
     """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
@@ -64,10 +66,21 @@ def graph_function(method, reduce_retracing=True, autograph=True):
         method: the function to wrap (a bound method of a `StageRunner`).
         reduce_retracing: passed to `tf.function`.
         autograph: passed to `tf.function` (False for Python that only builds a graph).
+        name: the name TensorFlow gives the traced function (and shows in errors from
+            inside it), or None for the method's own.
 
     Returns:
         The `tf.function`.
     """
+    if name is not None:
+        original = method
+
+        @functools.wraps(original)
+        def named(*args, **kwargs):
+            return original(*args, **kwargs)
+
+        named.__name__ = named.__qualname__ = name
+        method = named
     function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph)
     if hasattr(function, "_omit_frequent_tracing_warning"):
         # tf.function has no public switch for this per-function warning.

@@ -19,7 +19,7 @@ from tf_spectrain.runtime.window_epoch import WindowedEpoch
 from tf_spectrain.schedule.windows import EpochWindows
 
 AUTO = "auto"
-AUTO_WINDOW = 16
+AUTO_WINDOW = 8
 """Mini-batches per graph call with `steps_per_execution="auto"` where callbacks allow."""
 _BATCH_HOOKS = ("on_train_batch_begin", "on_batch_begin", "on_train_batch_end", "on_batch_end")
 

@@ -7,6 +7,8 @@ every stage into one graph. The module's helpers (`with_penalty`, `square_norm`,
 `clip_globally`) are the pieces both callers share.
 """
 
+import re
+
 import tensorflow as tf
 
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
@@ -72,6 +74,27 @@ def clip_globally(grads, squares, clipnorm, loss_scale_factor):
     return [g * tf.cast(scale, g.dtype) for g in grads]
 
 
+_KINDS = {"forward": "forward", "forward_at": "forward", "snapshot": "forward",
+          "recompute_vjp": "backward", "vjp_at": "backward", "rescale": "backward",
+          "finite": "backward", "apply": "update", "apply_scaled": "update",
+          "square": "update", "infer": "inference"}
+_FUNCTION_NAME = re.compile(r"tf_spectrain_stage(\d+)_([a-z_]+?)_fn")
+
+
+def function_name(k, method):
+    """The name of stage k's graph function of `method` (e.g. "forward_at")."""
+    return f"tf_spectrain_stage{k}_{method}_fn"
+
+
+def failed_function(error):
+    """`(stage, pass kind)` of the first stage graph function an error message names, or
+    None: what failed inside a nested call, whose caller the message does not name."""
+    for k, method in _FUNCTION_NAME.findall(str(error)):
+        if method in _KINDS:
+            return int(k), _KINDS[method]
+    return None
+
+
 class StagePasses:
     """One stage's passes as TensorFlow functions of tensors (SPECTRAIN.md section 5).
 
@@ -111,17 +134,17 @@ class StagePasses:
         self.global_clipnorm = None
         with tf.device(device):
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-        self.forward_fn = graph_function(self.forward)
-        self.forward_at_fn = graph_function(self.forward_at)
-        self.recompute_vjp_fn = graph_function(self.recompute_vjp)
-        self.vjp_at_fn = graph_function(self.vjp_at)
-        self.snapshot_fn = graph_function(self.snapshot)
-        self.apply_fn = graph_function(self.apply)
-        self.apply_scaled_fn = graph_function(self.apply_scaled)
-        self.infer_fn = graph_function(self.infer)
-        self.finite_fn = graph_function(all_finite)
-        self.square_fn = graph_function(square_norm)
-        self.rescale_fn = graph_function(loss_scale_lib.rescale)
+        # Named after the stage and pass (`function_name`), as errors from inside show them.
+        for attribute, method in (
+            ("forward_fn", self.forward), ("forward_at_fn", self.forward_at),
+            ("recompute_vjp_fn", self.recompute_vjp), ("vjp_at_fn", self.vjp_at),
+            ("snapshot_fn", self.snapshot), ("apply_fn", self.apply),
+            ("apply_scaled_fn", self.apply_scaled), ("infer_fn", self.infer),
+            ("finite_fn", all_finite), ("square_fn", square_norm),
+            ("rescale_fn", loss_scale_lib.rescale),
+        ):
+            name = function_name(k, attribute[: -len("_fn")])
+            setattr(self, attribute, graph_function(method, autograph=False, name=name))
 
     def weights(self, steps):
         """The trainable weights `W + steps * d` as tensors (the current ones for 0)."""

@@ -17,7 +17,7 @@ from tf_spectrain.runtime.feed import check_split
 from tf_spectrain.runtime.graphs import graph_function
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
-from tf_spectrain.runtime.window_graph import WindowEmitter
+from tf_spectrain.runtime.window_graph import WindowEmitter, failed_op
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 _WAIT_SLICE = 0.05
@@ -172,10 +172,13 @@ class WindowedEpoch:
         )
         try:
             carried = {}
-            for window in self.windows:
-                carried = self._run_window(window, carried, on_window, on_begin)
-                if self.stop.is_set():
+            while True:
+                if self.stop.is_set():  # asked before this window: feed no more
                     self.windows.stop()
+                window = next(self.windows, None)
+                if window is None:
+                    break
+                carried = self._run_window(window, carried, on_window, on_begin)
         except BaseException:
             for runner in setup.runners:
                 runner.reset()
@@ -197,16 +200,39 @@ class WindowedEpoch:
                                                   for i in updated)
         rates = None
         if with_rates:
-            rates = {str(i - base): tf.constant(self._rates[i], tf.float32) for i in updated}
+            rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
         function, notes, traced_base = self.functions.get(window, keeps, with_rates)
-        outputs = self._call(lambda: _read(function(xs, ys, rates, carried)))
+        try:
+            outputs = self._call(lambda: _read(function(xs, ys, rates, carried)))
+        except tf.errors.OpError as error:
+            self._add_note(error, window)
+            raise
         self._note(window, outputs["flags"], notes, base - traced_base)
         for k, op in window.program:
             if k == 0 and op.kind == UPDATE:  # mini-batch i's last update
                 self._rates.pop(op.batch, None)
         on_window(window, outputs["losses"])
         return outputs["carried"]
+
+    def _add_note(self, error, window):
+        """Names the stage and pass of a failed window's op (and its mini-batch where the
+        error shows it), as the stage threads do (`runtime.executor`)."""
+        failed = failed_op(error)
+        if failed is None or not hasattr(error, "add_note"):
+            return
+        k, kind, relative, r = failed
+        setup = self.setup
+        where = f" of {self.label}" if self.label else ""
+        copy = f" of replica {r}" if r is not None and setup.replicas > 1 else ""
+        device = setup.grid[r or 0][k].device
+        if relative is not None:
+            what = f"the {kind} pass of mini-batch {window.first + relative}{where}"
+        else:
+            what = (f"a {kind} pass{where}, in the window of mini-batches {window.first}-"
+                    f"{window.stop - 1} (steps_per_execution={self.windows.size}; with "
+                    "steps_per_execution=1 this note names the mini-batch)")
+        error.add_note(f"(tf_spectrain: stage {k}{copy} on {device} failed in {what})")
 
     def _feed(self, i):
         """Reads mini-batch i: its inputs for this window, its labels for its report."""

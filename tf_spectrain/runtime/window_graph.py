@@ -22,14 +22,16 @@ count mini-batches from the first one the next window reports, so that every win
 same shape has the same inputs and outputs and reuses one traced graph.
 """
 
+import re
+
 import tensorflow as tf
 
 from tf_spectrain.runtime.graphs import all_finite, as_list, differentiable
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
-from tf_spectrain.runtime.passes import with_penalty
+from tf_spectrain.runtime.passes import failed_function, with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
-from tf_spectrain.schedule import BACKWARD, FORWARD
+from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 _NO_LABELS = "tf_spectrain.no_labels"
 
@@ -67,6 +69,36 @@ def split_parts(x, parts):
         share = tf.cast(tf.cast(size, tf.float64) / tf.cast(n, tf.float64), tf.float32)
         out.append((tf.nest.pack_sequence_as(x, [p[j] for p in pieces]), share))
     return out
+
+
+def pass_name(k, kind, relative, micro, r):
+    """The name scope of a pass: stage, kind, mini-batch from the window's first, micro-batch,
+    replica (`failed_op` reads it back from an error)."""
+    return f"stage{k}_{kind}_b{relative}_m{micro}_r{r}"
+
+
+_PASS_NAME = re.compile(r"stage(\d+)_(forward|backward|update)_b(-?\d+)_m(\d+)_r(\d+)")
+
+
+def failed_op(error):
+    """Where the op that raised `error` ran: `(stage, pass kind, mini-batch counted from
+    the window's first or None, replica or None)`, or None when the message does not say.
+
+    An op of the window's own graph is named by its pass (`pass_name`); one inside a
+    stage's nested graph function only by the function (`passes.failed_function`), which
+    names the stage and the kind of pass but not the mini-batch.
+    """
+    text = str(error)
+    first = re.search(r"\[\[(.*?)\]\]", text)
+    where = first.group(1) if first else text
+    inner = failed_function(where)
+    if inner is not None:
+        return inner[0], inner[1], None, None
+    match = _PASS_NAME.search(where)
+    if match is None:
+        return None
+    k, kind, relative, _, r = match.groups()
+    return int(k), kind, int(relative), int(r)
 
 
 def _per_example_bytes(tensors):
@@ -120,14 +152,14 @@ class WindowEmitter:
     def emit(self):
         """Emits the whole program; returns the window graph's outputs."""
         for k, op in self.window.program:
-            if op.kind == FORWARD:
-                for r in range(self.setup.replicas):
-                    self._forward(k, op.batch, op.micro, r)
-            elif op.kind == BACKWARD:
-                for r in range(self.setup.replicas):
-                    self._backward(k, op.batch, op.micro, r)
-            else:
-                self._update(k, op.batch)
+            for r in range(self.setup.replicas) if op.kind != UPDATE else [0]:
+                with tf.name_scope(pass_name(k, op.kind, op.batch - self.base, op.micro, r)):
+                    if op.kind == FORWARD:
+                        self._forward(k, op.batch, op.micro, r)
+                    elif op.kind == BACKWARD:
+                        self._backward(k, op.batch, op.micro, r)
+                    else:
+                        self._update(k, op.batch)
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
         # Named from the next window's first mini-batch, which reads them.
