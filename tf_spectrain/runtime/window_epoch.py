@@ -216,22 +216,24 @@ class WindowedEpoch:
         return outputs["carried"]
 
     def _add_note(self, error, window):
-        """Names the stage and pass of a failed window's op (and its mini-batch where the
-        error shows it), as the stage threads do (`runtime.executor`)."""
-        failed = failed_op(error)
+        """Names the stage of a failed window's op (and its pass and mini-batch where the
+        error shows them), as the stage threads do (`runtime.executor`)."""
+        setup = self.setup
+        layers = [[layer.name for layer in runner.model.layers] for runner in setup.grid[0]]
+        failed = failed_op(error, layers)
         if failed is None or not hasattr(error, "add_note"):
             return
-        k, kind, relative, r = failed
-        setup = self.setup
+        k, kind, relative, r, layer = failed
         where = f" of {self.label}" if self.label else ""
         copy = f" of replica {r}" if r is not None and setup.replicas > 1 else ""
         device = setup.grid[r or 0][k].device
         if relative is not None:
             what = f"the {kind} pass of mini-batch {window.first + relative}{where}"
         else:
-            what = (f"a {kind} pass{where}, in the window of mini-batches {window.first}-"
-                    f"{window.stop - 1} (steps_per_execution={self.windows.size}; with "
-                    "steps_per_execution=1 this note names the mini-batch)")
+            what = f"a {kind} pass" if kind else f"a pass (in layer '{layer}')"
+            what += (f", in the window of mini-batches {window.first}-{window.stop - 1}"
+                     f"{where} (steps_per_execution={self.windows.size}; with "
+                     "steps_per_execution=1 this note names the pass and mini-batch)")
         error.add_note(f"(tf_spectrain: stage {k}{copy} on {device} failed in {what})")
 
     def _feed(self, i):

@@ -80,25 +80,36 @@ def pass_name(k, kind, relative, micro, r):
 _PASS_NAME = re.compile(r"stage(\d+)_(forward|backward|update)_b(-?\d+)_m(\d+)_r(\d+)")
 
 
-def failed_op(error):
-    """Where the op that raised `error` ran: `(stage, pass kind, mini-batch counted from
-    the window's first or None, replica or None)`, or None when the message does not say.
+def failed_op(error, layers=()):
+    """Where the op that raised `error` ran, as far as its message tells: `(stage, pass kind
+    or None, mini-batch counted from the window's first or None, replica or None, layer or
+    None)`, or None.
 
-    An op of the window's own graph is named by its pass (`pass_name`); one inside a
-    stage's nested graph function only by the function (`passes.failed_function`), which
-    names the stage and the kind of pass but not the mini-batch.
+    An op of the window's own graph is named by its pass (`pass_name`); one inside a stage's
+    nested graph function by the function (`passes.failed_function`: the stage and kind,
+    not the mini-batch) or, where the message names only the op, by its layer.
+
+    Args:
+        error: the exception.
+        layers: each stage's layer names, stage 0 first (to find a layer's stage).
     """
     text = str(error)
     first = re.search(r"\[\[(.*?)\]\]", text)
     where = first.group(1) if first else text
+    match = _PASS_NAME.search(where)
+    if match is not None:
+        k, kind, relative, _, r = match.groups()
+        return int(k), kind, int(relative), int(r), None
     inner = failed_function(where)
     if inner is not None:
-        return inner[0], inner[1], None, None
-    match = _PASS_NAME.search(where)
-    if match is None:
-        return None
-    k, kind, relative, _, r = match.groups()
-    return int(k), kind, int(relative), int(r)
+        return inner[0], inner[1], None, None, None
+    node = re.search(r"\{\{node ([^/}]+)", where)
+    if node is not None:
+        layer = re.sub(r"_\d+$", "", node.group(1))
+        for k, names in enumerate(layers):
+            if layer in names:
+                return k, None, None, None, layer
+    return None
 
 
 def _per_example_bytes(tensors):
