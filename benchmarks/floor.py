@@ -8,7 +8,8 @@
 
 A model whose layers compute almost nothing, so that a mini-batch costs only the machinery:
 `dense` is `Input(16)` -> 8 x `Dense(16, tanh)` -> `Dense(4)` at batch 8, `conv` is
-`Input(8, 8, 4)` -> 8 x `Conv2D(4, 3)` -> pooling -> `Dense(4)` at batch 8. Pipelines of N
+`Input(8, 8, 4)` -> 8 x `Conv2D(4, 3)` -> pooling -> `Dense(4)` at batch 8 (`--layers`
+changes the 8, to see what each layer adds). Pipelines of N
 stages cut it evenly (N = 1: one stage, no cut) on N logical CPU devices, TensorFlow's
 default threads. Every trainer is built first (seeding clears TensorFlow's caches), then each
 runs one untimed `fit` of the timed data (tracing every window shape), then the trainers are
@@ -25,7 +26,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 from benchmarks import common
 
@@ -61,6 +61,8 @@ KINDS = [
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("dense", "conv"), default="dense")
+    p.add_argument("--layers", type=common.positive_int, default=LAYERS,
+                   help="hidden layers (a multiple of the largest --stages)")
     p.add_argument("--stages", type=common.csv_of(int), default=[1, 2, 4, 8])
     p.add_argument("--modes", type=common.csv_of(str, MODES), default=list(MODES))
     p.add_argument("--steps-per-execution", type=common.csv_of(str), default=["1", "auto"])
@@ -72,23 +74,23 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build(keras, kind):
-    """The near-zero-compute model: its layers are named l0 .. l7, then `out`."""
+def build(keras, kind, layers=LAYERS):
+    """The near-zero-compute model: its layers are named l0 .. l{layers - 1}, then `out`."""
     if kind == "dense":
         h = inputs = keras.Input((16,))
-        for n in range(LAYERS):
+        for n in range(layers):
             h = keras.layers.Dense(16, activation="tanh", name=f"l{n}")(h)
     else:
         h = inputs = keras.Input((8, 8, 4))
-        for n in range(LAYERS):
+        for n in range(layers):
             h = keras.layers.Conv2D(4, 3, padding="same", activation="tanh", name=f"l{n}")(h)
         h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
     return keras.Model(inputs, keras.layers.Dense(4, name="out")(h))
 
 
-def cuts(num_stages):
-    """Even cuts of the 8 layers (the issue's: N = 2 after l3, N = 4 after l1, l3, l5)."""
-    per = LAYERS // num_stages
+def cuts(num_stages, layers=LAYERS):
+    """Even cuts of the layers (of 8, the issue's: N = 2 after l3, N = 4 after l1, l3, l5)."""
+    per = layers // num_stages
     return [f"l{per * (k + 1) - 1}" for k in range(num_stages - 1)]
 
 
@@ -98,30 +100,34 @@ def spe(text):
 
 
 def make_trainers(args, devices):
-    """Every trainer of the run: `{label: (trainer, keras steps_per_execution)}`."""
+    """Every trainer of the run: `{label: (trainer, keras steps_per_execution)}`.
+
+    Keras' fit is built with every `steps_per_execution` asked for ("auto" is Keras' 1) and
+    with 1; each pipeline's keras value is its own (1 for "auto").
+    """
     import keras
 
     import tf_spectrain
 
     keras.utils.set_random_seed(0)  # once: seeding clears TensorFlow's kernel caches
     trainers = {}
+    keras_values = sorted({1} | {1 if v == "auto" else int(v) for v in args.steps_per_execution})
+    for keras_spe in keras_values:
+        model = build(keras, args.model, args.layers)
+        model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                      "sparse_categorical_crossentropy", steps_per_execution=keras_spe)
+        trainers[f"keras fit, spe={keras_spe}"] = (model, keras_spe)
     for value in args.steps_per_execution:
-        keras_spe = 1 if value == "auto" else int(value)
-        label = f"keras fit, spe={keras_spe}"
-        if label not in trainers:
-            model = build(keras, args.model)
-            model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
-                          "sparse_categorical_crossentropy", steps_per_execution=keras_spe)
-            trainers[label] = (model, keras_spe)
         for n in args.stages:
             for name in args.modes:
                 mode, target = MODES[name]
                 pipe = tf_spectrain.PipelineModel(
-                    build(keras, args.model), cuts=cuts(n), devices=devices[:n], mode=mode,
-                    spectrain_target=target)
+                    build(keras, args.model, args.layers), cuts=cuts(n, args.layers),
+                    devices=devices[:n], mode=mode, spectrain_target=target)
                 pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
                              "sparse_categorical_crossentropy", steps_per_execution=spe(value))
-                trainers[f"{name}, N={n}, spe={value}"] = (pipe, keras_spe)
+                trainers[f"{name}, N={n}, spe={value}"] = (
+                    pipe, 1 if value == "auto" else int(value))
     return trainers
 
 
@@ -150,7 +156,7 @@ def run(args):
     for r in range(args.rounds):
         for label, (trainer, keras_spe) in trainers.items():
             clock = timed_fit(trainer, x, y)
-            record = {"round": r, "trainer": label, "model": args.model,
+            record = {"round": r, "trainer": label, "model": args.model, "layers": args.layers,
                       "batches_per_second": args.batches / clock.wall,
                       "ms_per_batch": 1e3 * clock.wall / args.batches, "cores": clock.cores,
                       "keras_spe": keras_spe}
@@ -167,16 +173,22 @@ def table(results, args):
     for label, records in results.items():
         rate = [r["batches_per_second"] for r in records]
         ms = [r["ms_per_batch"] for r in records]
-        keras_label = f"keras fit, spe={records[0]['keras_spe']}"
-        ratios = [r["ms_per_batch"] / k["ms_per_batch"]
-                  for r, k in zip(records, results[keras_label])]
-        ratio = "" if label.startswith("keras") else common.spread(ratios, ".2f") + "x"
+        ratios = []
+        for keras_spe in sorted({1, records[0]["keras_spe"]}):
+            keras_runs = results[f"keras fit, spe={keras_spe}"]
+            ratios.append("" if label.startswith("keras") else common.spread(
+                [r["ms_per_batch"] / k["ms_per_batch"] for r, k in zip(records, keras_runs)],
+                ".2f") + "x")
+        same = ratios[-1]
         rows.append([label, common.spread(rate, ".0f"), f"{statistics.median(ms):.2f}",
-                     ratio, common.spread([r["cores"] for r in records], ".2f")])
+                     ratios[0], same, common.spread([r["cores"] for r in records], ".2f")])
     header = ["trainer", "mini-batches/s (range)", "ms per mini-batch",
-              "time per mini-batch / Keras fit's (same spe)", "CPU/wall"]
-    note = (f"Model `{args.model}`, batch {BATCH}, {args.batches} mini-batches per timed fit, "
-            f"{args.rounds} rounds interleaved, medians (ranges over rounds).")
+              "/ Keras fit spe=1", "/ Keras fit, same spe", "CPU/wall"]
+    note = (f"Model `{args.model}` ({args.layers} layers), batch {BATCH}, {args.batches} "
+            f"mini-batches per timed fit, {args.rounds} rounds interleaved, medians (ranges "
+            "over rounds); ratios are times per mini-batch over Keras' `fit` in the same "
+            "round (its default `steps_per_execution=1`, and the pipeline's own value; "
+            "\"auto\" is Keras' 1).")
     return note + "\n\n" + common.markdown_table(header, rows)
 
 

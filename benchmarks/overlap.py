@@ -13,7 +13,9 @@ that process, so the plan knows the mode: stages that recompute their forward, a
 vanilla and paper SpecTrain, get less of the model); `--cuts fixed` cuts VGG16 at
 `block3_relu2` as issue 11 did (recomputing modes are then bounded near 1.5x).
 
-Each run is a fresh process: a warm-up fit of `--warmup` mini-batches (tracing), then a
+Each run is a fresh process: a warm-up fit of `--warmup` mini-batches (tracing; pipelines in
+windows, `--steps-per-execution` above 1 or "auto", also warm up on fits as long as the
+timed ones, since each window shape is traced once), then a
 short timed fit of `--short` mini-batches and a long one of `--long`, each timed from the
 call of `fit` to its return (pipeline fill and drain included). Every window reports
 images/s, process CPU time / wall time (about 2 when both stages compute at once, 1 when
@@ -57,6 +59,9 @@ def parse_args(argv):
     p.add_argument("--short", type=common.positive_int, default=8, help="mini-batches")
     p.add_argument("--long", type=common.positive_int, default=32, help="mini-batches")
     p.add_argument("--rounds", type=common.positive_int, default=3)
+    p.add_argument("--steps-per-execution", default="auto",
+                   help="pipelines: mini-batches per graph call ('auto' or an int; 1: pass "
+                   "by pass from the stage threads)")
     p.add_argument("--cuts", type=common.csv_of(str, CUT_KINDS), default=["auto"],
                    help="auto: each pipeline plans its cuts; fixed: the cut of issue 11; "
                    "auto,fixed: every pipeline both ways, interleaved")
@@ -101,12 +106,18 @@ def child(args):
         lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
         mode, devices, learning_rate=0.01, momentum=0.9,
         cuts=None if mode == "single" else ("auto" if args.cuts == ["auto"] else CUTS[args.model]),
-        batch_size=args.batch_size, **options,
+        batch_size=args.batch_size,
+        steps_per_execution=(args.steps_per_execution if args.steps_per_execution == "auto"
+                             else int(args.steps_per_execution)),
+        **options,
     )
     b = args.batch_size
     batches = common.window_batches(b, (args.warmup, args.short, args.long))
 
     trainer.fit(batches(args.warmup), epochs=1, verbose=0)
+    if mode != "single" and args.steps_per_execution != "1":
+        for steps in (args.short, args.long):  # every window shape of the timed fits
+            trainer.fit(batches(steps), epochs=1, verbose=0)
     out = {"config": name, "model": args.model, "batch_size": b,
            "cuts": getattr(trainer, "cuts", None)}
     plan = getattr(trainer, "partition_plan", None)
@@ -141,7 +152,7 @@ def runs(args):
 
 def measure(name, kind, args):
     flags = ["--child", name, "--model", args.model, "--batch-size", str(args.batch_size),
-             "--cuts", kind,
+             "--cuts", kind, "--steps-per-execution", args.steps_per_execution,
              "--warmup", str(args.warmup), "--short", str(args.short), "--long", str(args.long)]
     return common.run_json_child("benchmarks.overlap", flags, name)
 
@@ -159,7 +170,8 @@ def table(results, args, minutes):
         "`" + " ".join(["python -m benchmarks.overlap", *sys.argv[1:]]) + "`",
         "",
         f"{args.model}, batch {args.batch_size}, 2 stages {where}, a warm-up "
-        f"fit of {args.warmup}, then windows of {args.short} (short) and {args.long} (long) "
+        f"fit of {args.warmup}, steps_per_execution={args.steps_per_execution} for pipelines, "
+        f"then windows of {args.short} (short) and {args.long} (long) "
         f"mini-batches; {args.rounds} interleaved rounds of fresh processes, {minutes:.1f} "
         "min. Medians, (min-max) over rounds; speed-up = images/s / the same round's "
         f"{REFERENCE} images/s.",

@@ -15,6 +15,7 @@ def record(ips_short, cores_short, ips_long, cores_long):
 
 
 ARGS = argparse.Namespace(model="vgg16", batch_size=64, warmup=3, short=8, long=32, rounds=3,
+                          steps_per_execution="auto",
                           cuts=["auto"])
 RESULTS = {
     "single-1core": [record(50, 1.0, 51, 1.0), record(40, 1.0, 42, 1.0), record(45, 1.0, 44, 1.0)],

@@ -29,6 +29,7 @@ from tf_spectrain.costmodel.predict import (
     predict_sync,
 )
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile, StageCost
+from tf_spectrain.costmodel.runtime_costs import PASS_BY_PASS, WINDOWS, RuntimeCosts
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
 from tf_spectrain.costmodel.stage_terms import StageEstimate, StageTerms
 
@@ -55,11 +56,14 @@ __all__ = [
     "MemoryLimitError",
     "ModelProfile",
     "NVLINK",
+    "PASS_BY_PASS",
     "PCIE3_X16",
     "PartitionPlan",
+    "RuntimeCosts",
     "StageCost",
     "StageEstimate",
     "StageTerms",
+    "WINDOWS",
     "auto_partition",
     "best_cuts",
     "measure_concurrency",

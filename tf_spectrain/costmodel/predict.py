@@ -17,8 +17,10 @@ With `micro_batches = M` every hand-off pays the latency once per micro-batch; w
 `recompute` stages add their forward to their backward.
 
 Profiled times scale linearly with the batch size and divide by `relative_speed`. Weight
-updates, the cost of predicting weights (`W + s * m`), data loading and framework overhead
-per pass are left out. See docs/COSTMODEL.md for the equations and their assumptions.
+updates, the cost of predicting weights (`W + s * m`) and data loading are left out; the
+runtime's fixed host cost per mini-batch (`runtime_costs.RuntimeCosts`, measured) bounds a
+mini-batch from below when given (`runtime=`). See docs/COSTMODEL.md for the equations and
+their assumptions.
 """
 
 import dataclasses
@@ -27,6 +29,7 @@ from tf_spectrain import checks
 from tf_spectrain.costmodel import simulate
 from tf_spectrain.costmodel.hardware import Hardware, link_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
+from tf_spectrain.costmodel.runtime_costs import runtime_floor
 from tf_spectrain.costmodel.stage_terms import SCHEDULES
 
 
@@ -261,7 +264,7 @@ def _check_devices_for(stages, replicas, hardware, cuts):
 
 def predict_pipeline(
     profile, hardware, batch_size, cuts, num_batches=None, overlap=False, recompute=False,
-    micro_batches=1,
+    micro_batches=1, runtime=None,
 ):
     """Predicts the asynchronous pipeline (1F1B), one stage per device.
 
@@ -288,6 +291,10 @@ def predict_pipeline(
             but the last stage's) or "always" (see `pipeline_times`).
         micro_batches: `M`, an int >= 1: each mini-batch's passes run as M micro-batches
             back to back (the same compute) and each hand-off pays the latency M times.
+        runtime: the runtime's fixed host cost per mini-batch, a
+            `runtime_costs.RuntimeCosts` (e.g. `WINDOWS`), or None for none: no
+            mini-batch takes less than its `floor` (stages on hosts other than host 0,
+            the trainer's, count as remote).
 
     Returns:
         An `Estimate` of kind `"pipeline"`.
@@ -298,7 +305,8 @@ def predict_pipeline(
     forward, backward, send = pipeline_times(
         profile, hardware, batch_size, cuts, recompute, micro_batches=micro_batches
     )
-    floor = sum(forward + backward) / hardware.concurrency
+    floor = max(sum(forward + backward) / hardware.concurrency,
+                runtime_floor(runtime, hardware, range(len(forward))))
     return _schedule_estimate(
         "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
         num_batches, overlap,
@@ -307,7 +315,7 @@ def predict_pipeline(
 
 def predict_hybrid(
     profile, hardware, batch_size, cuts, replicas, num_batches=None, overlap=False,
-    recompute=False, micro_batches=1,
+    recompute=False, micro_batches=1, runtime=None,
 ):
     """Predicts R data-parallel copies of the asynchronous N-stage pipeline.
 
@@ -341,6 +349,7 @@ def predict_hybrid(
         replicas: `R`, an int >= 1.
         num_batches, overlap, recompute, micro_batches: as `predict_pipeline`
             (`overlap` concerns the hand-offs; the all-reduce never overlaps compute).
+        runtime: as `predict_pipeline`; the floor counts every replica's stages.
 
     Returns:
         An `Estimate` of kind `"hybrid"`; `communication_seconds` is the bounding stage's
@@ -367,6 +376,7 @@ def predict_hybrid(
         [(s.weight_bytes, [r * n + k for r in range(replicas)]) for k, s in enumerate(stages)]
     )
     floor = replicas * sum(forward + backward) / hardware.concurrency + min(allreduce)
+    floor = max(floor, runtime_floor(runtime, hardware, range(replicas * n)))
     return _schedule_estimate(
         "hybrid", batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
     )
@@ -374,7 +384,7 @@ def predict_hybrid(
 
 def predict_sync(
     profile, hardware, batch_size, cuts, micro_batches=1, schedule="gpipe", recompute=False,
-    num_batches=None,
+    num_batches=None, runtime=None,
 ):
     """Predicts the synchronous pipeline (`mode="sync"`), one stage per device.
 
@@ -407,6 +417,7 @@ def predict_sync(
             last); see `pipeline_times`.
         num_batches: None, or `T` (an int >= 1) for an epoch of T mini-batches, T times
             one mini-batch.
+        runtime: as `predict_pipeline`.
 
     Returns:
         An `Estimate` of kind `"sync"`.
@@ -424,7 +435,8 @@ def predict_sync(
     seconds = sum(
         (sum(phase) + (m - 1) * max(phase)) / m for phase in (ahead, back)
     )
-    seconds = max(seconds, sum(forward + backward) / hardware.concurrency)
+    seconds = max(seconds, sum(forward + backward) / hardware.concurrency,
+                  runtime_floor(runtime, hardware, range(n)))
     busiest = max(range(n), key=lambda k: ahead[k] + back[k])
     epoch = None
     if num_batches is not None:

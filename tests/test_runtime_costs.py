@@ -1,0 +1,91 @@
+"""Tests for tf_spectrain.costmodel.runtime_costs: the runtime's fixed host cost per
+mini-batch, and how the predictions charge it. Expected values are worked out by hand from
+the four-layer CHAIN profile (costmodel_helpers.py) and the formula in the module."""
+
+import math
+
+import pytest
+from costmodel_helpers import CHAIN, hw
+
+from tf_spectrain import costmodel
+from tf_spectrain.costmodel import runtime_costs
+from tf_spectrain.costmodel.runtime_costs import RuntimeCosts, fit_line
+
+COSTS = RuntimeCosts(batch_seconds=1.0, stage_seconds=0.5, remote_stage_seconds=2.0)
+
+
+@pytest.mark.parametrize("stages, remote, floor", [
+    (1, 0, 1.5), (2, 0, 2.0), (4, 0, 3.0), (4, 1, 5.0), (4, 4, 11.0),
+])
+def test_floor_is_a_line_in_the_stages(stages, remote, floor):
+    assert COSTS.floor(stages, remote) == floor
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("batch_seconds", -1.0, ValueError), ("stage_seconds", "fast", TypeError),
+    ("remote_stage_seconds", math.nan, ValueError),
+])
+def test_costs_must_be_numbers_at_least_zero(field, value, error):
+    with pytest.raises(error, match=f"`{field}`"):
+        RuntimeCosts(**{field: value})
+
+
+def test_more_remote_stages_than_stages_is_refused():
+    with pytest.raises(ValueError, match="`remote_stages`"):
+        COSTS.floor(2, 3)
+
+
+@pytest.mark.parametrize("points, line", [
+    ([(1, 3.0), (2, 5.0), (4, 9.0)], (1.0, 2.0)),  # exactly on s = 1 + 2 N
+    ([(1, 2.0), (3, 2.0)], (2.0, 0.0)),  # flat
+    ([(1, 4.0), (2, 1.0)], (2.5, 0.0)),  # falling: slope clipped to 0, the mean stays
+])
+def test_fit_line(points, line):
+    assert fit_line(points) == pytest.approx(line)
+
+
+def test_fit_line_needs_two_stage_counts():
+    with pytest.raises(ValueError, match="two distinct N"):
+        fit_line([(4, 1.0), (4, 2.0)])
+
+
+def test_measured_runtimes_are_lines_that_grow_with_the_stages():
+    for costs in (costmodel.PASS_BY_PASS, costmodel.WINDOWS):
+        assert costs.stage_seconds > 0 and costs.floor(8) > costs.floor(1)
+    # Windows are what issue 17 is for: a lower floor at every depth.
+    assert all(costmodel.WINDOWS.floor(n) < costmodel.PASS_BY_PASS.floor(n) / 4
+               for n in (1, 2, 4, 8))
+
+
+def test_the_floor_bounds_a_pipeline_from_below():
+    # CHAIN cut after l1: stage 0 F = 2, B = 3; stage 1 F = 3, B = 5; sends 20 B / 10 B/s
+    # = 2 s each way. Without overlap the busiest stage is stage 1: 3 + 5 + 2 = 10 s.
+    hardware = hw(2)
+    plain = costmodel.predict_pipeline(CHAIN, hardware, 1, ["l1"])
+    assert plain.seconds_per_batch == pytest.approx(10.0)
+    cheap = costmodel.predict_pipeline(CHAIN, hardware, 1, ["l1"], runtime=COSTS)
+    assert cheap.seconds_per_batch == pytest.approx(10.0)  # floor 2 s: compute bounds
+    dear = RuntimeCosts(batch_seconds=20.0, stage_seconds=1.0)
+    bound = costmodel.predict_pipeline(CHAIN, hardware, 1, ["l1"], runtime=dear)
+    assert bound.seconds_per_batch == pytest.approx(22.0)  # 20 + 2 x 1
+    epoch = costmodel.predict_pipeline(CHAIN, hardware, 1, ["l1"], num_batches=5,
+                                       runtime=dear)
+    assert epoch.epoch_seconds == pytest.approx(5 * 22.0)
+
+
+def test_stages_on_other_hosts_pay_the_remote_cost():
+    # Two hosts of one device each: stage 1 is on host 1, remote to the trainer.
+    two_hosts = hw(2).replace(num_hosts=2, inter_host_bandwidth=10.0, inter_host_latency=0.0)
+    dear = RuntimeCosts(batch_seconds=20.0, stage_seconds=1.0, remote_stage_seconds=4.0)
+    estimate = costmodel.predict_pipeline(CHAIN, two_hosts, 1, ["l1"], runtime=dear)
+    assert estimate.seconds_per_batch == pytest.approx(26.0)
+    assert runtime_costs.runtime_floor(dear, two_hosts, [0, 1]) == 26.0
+    assert runtime_costs.runtime_floor(None, two_hosts, [0, 1]) == 0.0
+
+
+def test_sync_and_hybrid_take_the_floor_too():
+    dear = RuntimeCosts(batch_seconds=100.0, stage_seconds=10.0)
+    sync = costmodel.predict_sync(CHAIN, hw(2), 1, ["l1"], runtime=dear)
+    assert sync.seconds_per_batch == pytest.approx(120.0)
+    hybrid = costmodel.predict_hybrid(CHAIN, hw(4), 2, ["l1"], replicas=2, runtime=dear)
+    assert hybrid.seconds_per_batch == pytest.approx(140.0)  # 4 stages in all
