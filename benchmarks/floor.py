@@ -226,7 +226,11 @@ def profile(args):
     args.stages = args.stages[:1]
     args.steps_per_execution = args.steps_per_execution[:1]
     trainers = make_trainers(args, devices)
-    label = next(k for k in trainers if args.profile == "keras" or not k.startswith("keras"))
+    if args.profile == "keras":
+        value = args.steps_per_execution[0]
+        label = f"keras fit, spe={1 if value == 'auto' else int(value)}"
+    else:
+        label = next(k for k in trainers if not k.startswith("keras"))
     trainer = trainers[label][0]
     x, y = data(args)
     trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)

@@ -25,7 +25,9 @@ gRPC runtime. "local" is one process with the CPU split into 2 logical devices.
   per graph call (default "auto": windows of 8, one remote call each; 1: a call per pass).
   As in `benchmarks/overlap.py`: a warm-up fit of `--warmup` mini-batches (with windows,
   also fits as long as the timed ones, tracing every window shape), then a short and a long
-  fit, each timed from the call of `fit` to its return, on the same synthetic batches.
+  fit, each timed from the call of `fit` to its return, on the same synthetic batches. A
+  local run then times each stage whole on its device (`costmodel.measure_stages`), for
+  `benchmarks/hosts_predict.py --loopback`.
 
 Threads: every trainer process sets one intra-op thread (`tf.config.threading`), as
 `benchmarks/overlap.py`'s pipelines; every worker runs with `TF_NUM_INTRAOP_THREADS=1`
@@ -281,6 +283,13 @@ def train_child(args):
             "cores": clock.cores, "cores_all": clock.cores_all, "wall": clock.wall,
             "started_after": clock.started - started,
         }
+    if args.where == "local":
+        # Each stage's forward and forward + backward, timed whole on its own device (one
+        # at a time): what benchmarks/hosts_predict.py calibrates the profile with.
+        from tf_spectrain import costmodel
+
+        out["stage_times"] = costmodel.measure_stages(trainer.model, trainer.cuts, b,
+                                                      device=devices)
     print(json.dumps(out), flush=True)
 
 

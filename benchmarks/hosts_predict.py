@@ -152,7 +152,7 @@ def notes(profiles, args):
 
 def predict_loopback(profile, loopback, local=(math.inf, 0.0), batch_size=64,
                      cuts=("block3_relu2",), num_batches=None, concurrency=None,
-                     recompute=False):
+                     recompute=False, runtime=None):
     """Predicts benchmarks/hosts.py's training: 2 stages, one CPU device each.
 
     "loopback" is two workers on one machine: two hosts of one device each, joined by the
@@ -171,6 +171,7 @@ def predict_loopback(profile, loopback, local=(math.inf, 0.0), batch_size=64,
             the steady state.
         concurrency: how many of the 2 devices compute at once (None: both).
         recompute: whether the first stage recomputes its forward (not in `stash`).
+        runtime: the runtime's fixed host cost (`costmodel.RuntimeCosts`), or None.
 
     Returns:
         `{"local": Estimate, "loopback": Estimate}` of `predict_pipeline`.
@@ -186,13 +187,37 @@ def predict_loopback(profile, loopback, local=(math.inf, 0.0), batch_size=64,
     )
     return {
         where: costmodel.predict_pipeline(profile, hw, batch_size, list(cuts),
-                                          num_batches=num_batches, recompute=recompute)
+                                          num_batches=num_batches, recompute=recompute,
+                                          runtime=runtime)
         for where, hw in (("local", local_hw), ("loopback", loop_hw))
     }
 
 
+def loopback_runtime(train, remote_latency):
+    """The runtime's fixed cost of hosts.py's trainer (`costmodel.RuntimeCosts`).
+
+    Windows (`steps_per_execution` "auto" or K > 1; "auto" is 8) pay one remote call per
+    window and remote stage, pass by pass (1) three (forward, backward, update) per
+    mini-batch: each a loopback call of `remote_latency` seconds (the link's fitted
+    latency, which includes the call itself).
+    """
+    from tf_spectrain import costmodel
+
+    spe = str(train.get("steps_per_execution", "1"))
+    if spe == "1":
+        base, calls = costmodel.PASS_BY_PASS, 3.0
+    else:
+        base, calls = costmodel.WINDOWS, 1.0 / (8 if spe == "auto" else int(spe))
+    return costmodel.RuntimeCosts(base.batch_seconds, base.stage_seconds,
+                                  calls * remote_latency, name=f"{base.name}, loopback")
+
+
 def loopback_table(records, profile, concurrency=None):
     """Markdown: hosts.py's measured images/s per placement and window beside the model's.
+
+    Where the local records hold each stage's measured times (`stage_times`), the profile's
+    layers are scaled to them (`costmodel.calibrate_stages`, the medians over the records),
+    and the runtime's fixed cost per mini-batch is charged (`loopback_runtime`).
 
     Args:
         records: hosts.py's JSON-lines records (kinds "link" and "train", "where" "local"
@@ -200,6 +225,8 @@ def loopback_table(records, profile, concurrency=None):
         profile: a `costmodel.ModelProfile` of that model.
         concurrency: as `predict_loopback`.
     """
+    from tf_spectrain import costmodel
+
     by = {(kind, where): [r for r in records if r["kind"] == kind and r["where"] == where]
           for kind in ("link", "train") for where in ("local", "remote")}
     missing = [f"{kind} {where}" for (kind, where), rs in by.items() if not rs]
@@ -217,12 +244,21 @@ def loopback_table(records, profile, concurrency=None):
     if mode not in LOOPBACK_MODES:
         raise ValueError(f"Mode {mode!r} of the records is not one predict_loopback knows: "
                          f"{sorted(LOOPBACK_MODES)}")
+    timed = [r["stage_times"] for r in by[("train", "local")] if "stage_times" in r]
+    runtime = None
+    if timed:
+        stages = [[statistics.median(t[k][i] for t in timed) for i in (0, 1)]
+                  for k in range(len(timed[0]))]
+        profile = costmodel.calibrate_stages(
+            dataclass_batch(profile, train["batch_size"]), train["cuts"], stages)
+        runtime = loopback_runtime(train, fit("remote")[1])
     rows = []
     for window in ("short", "long"):
         steps = train[window]["steps"]
         predicted = predict_loopback(
             profile, fit("remote"), fit("local"), train["batch_size"], train["cuts"],
             num_batches=steps, concurrency=concurrency, recompute=LOOPBACK_MODES[mode],
+            runtime=runtime,
         )
         measured = {where: statistics.median(r[window]["images_per_second"]
                                              for r in by[("train", where)])
@@ -237,6 +273,20 @@ def loopback_table(records, profile, concurrency=None):
     return common.markdown_table(
         ["placement", "window", "predicted images/s", "measured images/s", "error",
          "predicted x local", "measured x local"], rows)
+
+
+def dataclass_batch(profile, batch_size):
+    """`profile` with its times scaled to `batch_size` (the stage times are at that batch)."""
+    from tf_spectrain import costmodel
+
+    if profile.batch_size == batch_size:
+        return profile
+    scale = batch_size / profile.batch_size
+    layers = [costmodel.LayerProfile(
+        layer.name, layer.forward_time * scale, layer.backward_time * scale,
+        layer.output_bytes, layer.weight_bytes, layer.activation_bytes)
+        for layer in profile.layers]
+    return costmodel.ModelProfile(layers, batch_size, profile.name, profile.input_bytes)
 
 
 # --- profiles -------------------------------------------------------------------------------

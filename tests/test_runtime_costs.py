@@ -21,9 +21,14 @@ def test_floor_is_a_line_in_the_stages(stages, remote, floor):
     assert COSTS.floor(stages, remote) == floor
 
 
+def test_floor_grows_with_the_layers():
+    costs = RuntimeCosts(batch_seconds=1.0, stage_seconds=0.5, layer_seconds=0.25)
+    assert costs.floor(2, layers=8) == 1.0 + 1.0 + 2.0
+
+
 @pytest.mark.parametrize("field, value, error", [
     ("batch_seconds", -1.0, ValueError), ("stage_seconds", "fast", TypeError),
-    ("remote_stage_seconds", math.nan, ValueError),
+    ("remote_stage_seconds", math.nan, ValueError), ("layer_seconds", -0.5, ValueError),
 ])
 def test_costs_must_be_numbers_at_least_zero(field, value, error):
     with pytest.raises(error, match=f"`{field}`"):
@@ -89,3 +94,17 @@ def test_sync_and_hybrid_take_the_floor_too():
     assert sync.seconds_per_batch == pytest.approx(120.0)
     hybrid = costmodel.predict_hybrid(CHAIN, hw(4), 2, ["l1"], replicas=2, runtime=dear)
     assert hybrid.seconds_per_batch == pytest.approx(140.0)  # 4 stages in all
+
+
+def test_calibrate_stages_scales_each_stage_to_its_measured_times():
+    # CHAIN cut after l1: stage 0 = l0, l1 (F 2, B 3), stage 1 = l2, l3 (F 3, B 5).
+    measured = [(4.0, 10.0), (3.0, 4.0)]  # stage 0: F x2, B 6/3 = x2; stage 1: F x1, B x0.2
+    calibrated = costmodel.calibrate_stages(CHAIN, ["l1"], measured)
+    times = [(layer.forward_time, layer.backward_time) for layer in calibrated.layers]
+    assert times == pytest.approx([(2, 4), (2, 2), (2, 0.4), (1, 0.6)])
+    assert [layer.output_bytes for layer in calibrated.layers] == [10, 20, 5, 0]
+    stages = calibrated.stage_costs(["l1"])
+    assert [(s.forward_time, s.forward_time + s.backward_time) for s in stages] == \
+        pytest.approx(measured)
+    with pytest.raises(ValueError, match="one \\(forward, forward \\+ backward\\) pair"):
+        costmodel.calibrate_stages(CHAIN, ["l1"], measured[:1])

@@ -75,6 +75,9 @@ CASES = {
     "consistent-micro": dict(mode="spectrain", spectrain_target="consistent",
                              micro_batches=2),
     "stash-micro-recompute": dict(mode="stash", micro_batches=2, recompute="always"),
+    # Cuts that fall between micro-batches on stages > 0 (stage 0 feeds a mini-batch whole).
+    "stash-4-stages-micro": dict(mode="stash", stages=4, micro_batches=2),
+    "paper-micro-3": dict(mode="spectrain", micro_batches=3),
     "paper-4-stages-regularized": dict(mode="spectrain", stages=4, regularize=True),
     "stash-replicas": dict(mode="stash", stages=2, replicas=2),
     "sync-global-clipnorm": dict(mode="sync", optimizer="clip"),
@@ -249,6 +252,10 @@ def test_window_size_auto_follows_the_callbacks(tmp_path):
     assert loop.window_size("auto", keras_own) == loop.AUTO_WINDOW
     # A callback of the user's own with per-batch hooks sees every mini-batch.
     assert loop.window_size("auto", keras_own + [Calls()]) == 1
+    hook = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None)
+    assert loop.window_size("auto", [hook]) == 1
+    epochs = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
+    assert loop.window_size("auto", [epochs]) == loop.AUTO_WINDOW
     assert loop.window_size(4, [Calls()]) == 4  # asked for: per window, as Keras does
 
 

@@ -28,7 +28,12 @@ from tf_spectrain.costmodel.predict import (
     predict_single,
     predict_sync,
 )
-from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile, StageCost
+from tf_spectrain.costmodel.profile import (
+    LayerProfile,
+    ModelProfile,
+    StageCost,
+    calibrate_stages,
+)
 from tf_spectrain.costmodel.runtime_costs import PASS_BY_PASS, WINDOWS, RuntimeCosts
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
 from tf_spectrain.costmodel.stage_terms import StageEstimate, StageTerms
@@ -65,6 +70,7 @@ __all__ = [
     "StageTerms",
     "WINDOWS",
     "auto_partition",
+    "calibrate_stages",
     "best_cuts",
     "measure_concurrency",
     "measure_link",

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tf_spectrain import checks, partition
 from tf_spectrain.costmodel import measure, planning, stage_terms
-from tf_spectrain.costmodel.profile import ModelProfile
+from tf_spectrain.costmodel.profile import ModelProfile, scale_stage
 
 _PROFILES = {}  # (id(model), batch, input shapes, device kind) -> ModelProfile
 
@@ -195,18 +195,7 @@ def _calibrated(profiles, plan, measured):
     """Profiles whose layers of each stage are scaled to that stage's measured times."""
     layers = {id(p): list(p.layers) for p in profiles}
     for k, (stage, (f, fb)) in enumerate(zip(plan.stages, measured)):
-        own = layers[id(profiles[k])]
-        part = own[stage.first : stage.last + 1]
-        predicted_f = sum(layer.forward_time for layer in part)
-        predicted_b = sum(layer.backward_time for layer in part)
-        rf = f / predicted_f if predicted_f > 0 else 1.0
-        rb = max(fb - f, 0.0) / predicted_b if predicted_b > 0 else 1.0
-        for i in range(stage.first, stage.last + 1):
-            own[i] = dataclasses.replace(
-                own[i],
-                forward_time=own[i].forward_time * rf,
-                backward_time=own[i].backward_time * rb,
-            )
+        scale_stage(layers[id(profiles[k])], stage.first, stage.last, f, fb)
     new = {
         id(p): ModelProfile(layers[id(p)], p.batch_size, p.name, p.input_bytes)
         for p in profiles

@@ -306,7 +306,7 @@ def predict_pipeline(
         profile, hardware, batch_size, cuts, recompute, micro_batches=micro_batches
     )
     floor = max(sum(forward + backward) / hardware.concurrency,
-                runtime_floor(runtime, hardware, range(len(forward))))
+                runtime_floor(runtime, hardware, range(len(forward)), len(profile)))
     return _schedule_estimate(
         "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
         num_batches, overlap,
@@ -376,7 +376,8 @@ def predict_hybrid(
         [(s.weight_bytes, [r * n + k for r in range(replicas)]) for k, s in enumerate(stages)]
     )
     floor = replicas * sum(forward + backward) / hardware.concurrency + min(allreduce)
-    floor = max(floor, runtime_floor(runtime, hardware, range(replicas * n)))
+    floor = max(floor, runtime_floor(runtime, hardware, range(replicas * n),
+                                     replicas * len(profile)))
     return _schedule_estimate(
         "hybrid", batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
     )
@@ -436,7 +437,7 @@ def predict_sync(
         (sum(phase) + (m - 1) * max(phase)) / m for phase in (ahead, back)
     )
     seconds = max(seconds, sum(forward + backward) / hardware.concurrency,
-                  runtime_floor(runtime, hardware, range(n)))
+                  runtime_floor(runtime, hardware, range(n), len(profile)))
     busiest = max(range(n), key=lambda k: ahead[k] + back[k])
     epoch = None
     if num_batches is not None:

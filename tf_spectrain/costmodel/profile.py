@@ -292,3 +292,49 @@ class ModelProfile:
             config.get("name", "model"),
             input_bytes=config.get("input_bytes", 0.0),
         )
+
+
+def scale_stage(layers, first, last, forward, forward_backward):
+    """Scales `layers[first..last]` (in place) so that they add up to a stage's measured
+    forward and forward + backward seconds (a layer list of a `ModelProfile`).
+
+    Per-layer times do not add up to a whole stage's: each layer timed alone pays a call's
+    overhead, and a stage moves memory differently (docs/COSTMODEL.md, "Planned cuts").
+    """
+    part = layers[first : last + 1]
+    predicted_f = sum(layer.forward_time for layer in part)
+    predicted_b = sum(layer.backward_time for layer in part)
+    rf = forward / predicted_f if predicted_f > 0 else 1.0
+    rb = max(forward_backward - forward, 0.0) / predicted_b if predicted_b > 0 else 1.0
+    for i in range(first, last + 1):
+        layers[i] = dataclasses.replace(
+            layers[i], forward_time=layers[i].forward_time * rf,
+            backward_time=layers[i].backward_time * rb,
+        )
+
+
+def calibrate_stages(profile, cuts, measured):
+    """`profile` with each stage's layers scaled to the stage's measured times.
+
+    Args:
+        profile: a `ModelProfile`.
+        cuts: the stages' cuts (as `ModelProfile.cut_positions` takes them).
+        measured: one `(forward_seconds, forward_backward_seconds)` per stage, at the
+            profile's batch size (e.g. `costmodel.measure_stages`).
+
+    Returns:
+        A new `ModelProfile`.
+
+    Raises:
+        ValueError: if `measured` does not have one pair per stage.
+    """
+    stages = profile.stage_costs(cuts)
+    if len(measured) != len(stages):
+        raise ValueError(
+            f"`measured` must give one (forward, forward + backward) pair per stage "
+            f"({len(stages)}). Received: {len(measured)} pairs"
+        )
+    layers = list(profile.layers)
+    for stage, (f, fb) in zip(stages, measured):
+        scale_stage(layers, stage.first, stage.last, f, fb)
+    return ModelProfile(layers, profile.batch_size, profile.name, profile.input_bytes)

@@ -3,14 +3,16 @@
 A pipeline's host does work for every mini-batch that no layer asks for: Python that
 dispatches graph functions, hand-offs, losses and metrics, callbacks, and, with stages on
 other hosts, remote calls. `benchmarks/floor.py` measures it with a model that computes
-almost nothing (docs/RESULTS.md section 14). `RuntimeCosts` holds it as a line in the
-number of stages:
+almost nothing (docs/RESULTS.md section 14). `RuntimeCosts` holds it as a plane in the
+number of stages and of layers:
 
-    floor(N, R) = batch_seconds + N * stage_seconds + R * remote_stage_seconds
+    floor(N, L, R) = batch_seconds + N * stage_seconds + L * layer_seconds
+                     + R * remote_stage_seconds
 
-seconds of host time per mini-batch for N stages, R of them on other hosts than the
-trainer's. The host's work runs beside the stages' compute (their ops are dispatched
-ahead: graph calls return before their kernels end on GPUs, and the stage threads or the
+seconds of host time per mini-batch for N stages holding L layers in all, R of the stages
+on other hosts than the trainer's. The host's work runs beside the stages' compute (their
+ops are dispatched ahead: graph calls return before their kernels end on GPUs, and the
+stage threads or the
 graph's executor feed several devices at once), so it bounds a mini-batch from below
 rather than adding to it: `predict_pipeline(..., runtime=...)` takes
 `max(compute-bound time, floor)` (with a shared compute bound, `hardware.concurrency`
@@ -34,6 +36,7 @@ class RuntimeCosts:
     Args:
         batch_seconds: per mini-batch, whatever the number of stages, >= 0.
         stage_seconds: per stage and mini-batch, >= 0.
+        layer_seconds: per layer of the model and mini-batch, >= 0.
         remote_stage_seconds: per stage on another host than the trainer's and mini-batch,
             on top of `stage_seconds`, >= 0.
         name: a label for tables.
@@ -46,42 +49,50 @@ class RuntimeCosts:
     stage_seconds: float = 0.0
     remote_stage_seconds: float = 0.0
     name: str = "none"
+    layer_seconds: float = 0.0
 
     def __post_init__(self):
-        for field in ("batch_seconds", "stage_seconds", "remote_stage_seconds"):
+        for field in ("batch_seconds", "stage_seconds", "remote_stage_seconds",
+                      "layer_seconds"):
             value = checks.check_number(field, getattr(self, field), 0.0,
                                         meaning="seconds per mini-batch")
             object.__setattr__(self, field, float(value))
 
-    def floor(self, num_stages, remote_stages=0):
-        """Host seconds per mini-batch of a pipeline of `num_stages`, `remote_stages` of
-        them on other hosts.
+    def floor(self, num_stages, remote_stages=0, layers=0):
+        """Host seconds per mini-batch of a pipeline of `num_stages` holding `layers` layers,
+        `remote_stages` of the stages on other hosts.
 
         Raises:
             TypeError, ValueError: for counts that are not ints in range.
         """
         n = checks.check_int("num_stages", num_stages, 1)
         r = checks.check_int("remote_stages", remote_stages, 0, n)
-        return self.batch_seconds + n * self.stage_seconds + r * self.remote_stage_seconds
+        layers = checks.check_int("layers", layers, 0)
+        return (self.batch_seconds + n * self.stage_seconds + layers * self.layer_seconds
+                + r * self.remote_stage_seconds)
 
 
 NONE = RuntimeCosts()
 """No runtime cost: compute and transfers only (the cost model before issue 17)."""
 
-# Measured with benchmarks/floor.py (dense floor model, 3 rounds, medians; RESULTS.md
-# section 14): least-squares lines through N = 1, 2, 4, 8 of the asynchronous modes.
-PASS_BY_PASS = RuntimeCosts(batch_seconds=0.0, stage_seconds=0.0, name="pass by pass")
-WINDOWS = RuntimeCosts(batch_seconds=0.0, stage_seconds=0.0, name="windows of 8")
+# Measured with benchmarks/floor.py on 2026-12-04 (docs/data/issue17/floor.jsonl: the dense
+# floor model with 8 and 32 hidden layers, N = 1, 2, 4, 8, stash and paper SpecTrain, medians
+# of 3 rounds; RESULTS.md section 14): least-squares planes through those 8 points each.
+PASS_BY_PASS = RuntimeCosts(batch_seconds=0.0, stage_seconds=3.72e-3, layer_seconds=0.196e-3,
+                            name="pass by pass")
+WINDOWS = RuntimeCosts(batch_seconds=0.20e-3, stage_seconds=0.170e-3, layer_seconds=0.044e-3,
+                       name="windows of 8")
 
 
-def runtime_floor(runtime, hardware, devices):
+def runtime_floor(runtime, hardware, devices, layers=0):
     """The host seconds per mini-batch of stages on `devices` of `hardware` (a
-    `costmodel.Hardware`; devices of hosts other than host 0 are remote); 0 for None."""
+    `costmodel.Hardware`; devices of hosts other than host 0 are remote) holding `layers`
+    layers; 0 for None."""
     if runtime is None:
         return 0.0
     devices = list(devices)
     remote = sum(1 for d in devices if hardware.host_of(d) != 0)
-    return runtime.floor(len(devices), remote)
+    return runtime.floor(len(devices), remote, layers)
 
 
 def fit_line(points):

@@ -25,8 +25,12 @@ _BATCH_HOOKS = ("on_train_batch_begin", "on_batch_begin", "on_train_batch_end", 
 
 
 def _per_batch(callback):
-    """Whether a user's callback has its own per-batch hooks (Keras' and ours run per window,
-    as they do under `keras.Model.fit` with `steps_per_execution`)."""
+    """Whether a user's callback has its own per-batch hooks: a method of its class, or one
+    given to the instance (`keras.callbacks.LambdaCallback(on_train_batch_end=...)`). Keras'
+    own and ours run per window, as they do under `keras.Model.fit` with
+    `steps_per_execution`."""
+    if any(hook in vars(callback) for hook in _BATCH_HOOKS):
+        return True
     module = type(callback).__module__ or ""
     if module.split(".")[0] in ("keras", "tf_spectrain"):
         return False

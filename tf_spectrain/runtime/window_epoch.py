@@ -290,9 +290,15 @@ class WindowedEpoch:
         passes = [(setup.index(r, k), op.kind, (op.batch, op.micro))
                   for k, op in window.program if op.kind != UPDATE
                   for r in range(setup.replicas)]
+        # Only each stage's first non-finite pass of the window (what `first_non_finite`
+        # looks for): a whole window of passes would push it out of the stage's 64 events.
+        firsts = {}
         for (index, kind, key), finite in zip(passes, flags):
             self._passes += 1
-            runners[index].events.append((self._passes, kind, key, bool(finite)))
+            if not finite and index not in firsts:
+                firsts[index] = (self._passes, kind, key, False)
+        for index, event in firsts.items():
+            runners[index].events.append(event)
         for note in notes:
             if note[0] == "kept":
                 _, index, (i, j), per_example, fixed, weights, tape = note

@@ -14,8 +14,8 @@ forward whose backward comes in a later window: there the forward keeps its inpu
 non-trainable state (and, where the backward reuses the forward's weights, those weights),
 which leave the window as tensors, and the backward recomputes the forward from them with
 the same weights and random state (SPECTRAIN.md section 5): the same result, at the cost of
-one more forward of each such mini-batch on each stage, `N - 1 - k` of them per window on
-stage k in the asynchronous modes.
+one more forward of each such mini-batch: the forwards stage k has in flight at the cut,
+about `N - 1 - k` mini-batches (up to `N - k`) in the asynchronous modes.
 
 Everything that crosses a window boundary is a dict of named tensors (`carried`): names
 count mini-batches from the first one the next window reports, so that every window of the
@@ -32,8 +32,6 @@ from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import failed_function, with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
-
-_NO_LABELS = "tf_spectrain.no_labels"
 
 
 def encode(key, base):
@@ -269,12 +267,12 @@ class WindowEmitter:
                     grads_w, grads_x = passes.recompute_vjp_fn(*args, steps)
             if j == setup.micro_batches - 1:
                 self.live.pop(("stash", k, i, r), None)  # the last micro-batch of i
-            pending = ("pend", k, i, r)
             grads_w = list(grads_w)
+            finite = all_finite(grads_w + list(grads_x))  # this micro-batch's own
+            pending = ("pend", k, i, r)
             if pending in self.live:
                 grads_w = [a + g for a, g in zip(self.live[pending], grads_w)]
             self.live[pending] = grads_w
-            finite = all_finite(grads_w + list(grads_x))
             if passes.loss_scale is not None:
                 self._note_scaled(k, i, r, out_scale, came_finite, finite)
         self.flags.append((setup.index(r, k), BACKWARD, (i, j), finite))

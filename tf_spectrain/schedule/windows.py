@@ -8,18 +8,20 @@ package.
 A window *reports* the mini-batches whose last update of the epoch's "report stage" it holds:
 the last stage in the asynchronous modes (whose update of mini-batch i follows its loss),
 stage 0 in sync mode (whose update of i is the last op of i, so a sync window holds whole
-mini-batches). Window w reports mini-batches `w*K .. w*K + K - 1`; it holds every op whose
-lock-step slot (`clock_table`) is at most the slot of the report stage's last backward of
-its last reported mini-batch. A prefix of the slots respects every dependency (a consumer's
-slot is after its producer's) and each stage's own order, so ops of the asynchronous modes
-that span a cut (a forward here, its backward in the next window) simply carry their state
-across; which weights each pass uses is unchanged.
+mini-batches). Window w reports mini-batches `w*K .. w*K + K - 1`. It holds every op that
+comes, in the order of (lock-step slot of `clock_table`, stage, position), no later than the
+report stage's update of its last reported mini-batch (an update takes the slot of the
+backward before it); and stage 0's forwards of a mini-batch enter together (a mini-batch is
+fed whole). Such a prefix respects every dependency (a consumer's slot is after its
+producer's) and each stage's own order, so ops of the asynchronous modes that span a cut (a
+forward here, its backward in the next window) simply carry their state across; which
+weights each pass uses is unchanged.
 
 For N = 3, T = 4 asynchronous, K = 2 (`|` ends window 0, which reports mini-batches 0, 1):
 
-    stage 0: F0 F1 F2 .  .  B0 F3 | B1 .  B2 .  B3
-    stage 1: .  F0 F1 .  B0 F2 B1 | F3 B2 .  B3 .
-    stage 2: .  .  F0 B0 F1 B1 .  | F2 B2 F3 B3 .
+    stage 0: F0 F1 F2 .  .  B0 | F3 B1 .  B2 .  B3
+    stage 1: .  F0 F1 .  B0 F2 | B1 F3 B2 .  B3 .
+    stage 2: .  .  F0 B0 F1 B1 | F2 B2 F3 B3 .  .
 
 A stop (`stop`) keeps the mini-batches already fed (those whose first forward on stage 0
 ran) and cuts the rest of their ops as one last window: the schedule of a shorter epoch.
@@ -55,10 +57,6 @@ class Window:
     def reported(self):
         """The reported mini-batches, a `range`."""
         return range(self.first, self.stop)
-
-    def holds(self, k, kind, batch, micro=0):
-        """Whether stage k's `kind` op of `(batch, micro)` is in this window."""
-        return any(s == k and op.key == (kind, batch, micro) for s, op in self.program)
 
     def shape(self):
         """The program with mini-batch indices counted from `first`: equal for windows that
@@ -160,6 +158,10 @@ class EpochWindows:
             end = start
             while end < len(ops) and (limit is None or self._keys[k][end] <= limit):
                 end += 1
+            if k == 0:  # a mini-batch enters whole: its other micro-batches' forwards too
+                while (end < len(ops) and start < end and ops[end].kind == FORWARD
+                       and ops[end - 1].kind == FORWARD and ops[end].batch == ops[end - 1].batch):
+                    end += 1
             picked += [(self._keys[k][n], k, ops[n]) for n in range(start, end)]
             self._done[k] = end
         picked.sort(key=lambda item: item[0])
