@@ -77,7 +77,7 @@ CASES = {
     "stash-micro-recompute": dict(mode="stash", micro_batches=2, recompute="always"),
     # Cuts that fall between micro-batches on stages > 0 (stage 0 feeds a mini-batch whole).
     "stash-4-stages-micro": dict(mode="stash", stages=4, micro_batches=2),
-    "paper-micro-3": dict(mode="spectrain", micro_batches=3),
+    "paper-micro-4": dict(mode="spectrain", micro_batches=4),
     "paper-4-stages-regularized": dict(mode="spectrain", stages=4, regularize=True),
     "stash-replicas": dict(mode="stash", stages=2, replicas=2),
     "sync-global-clipnorm": dict(mode="sync", optimizer="clip"),
