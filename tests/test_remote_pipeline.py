@@ -131,6 +131,21 @@ def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_
     assert "test accuracy" in done.stdout  # train.py --resume, in a new trainer process
 
 
+def test_a_windowed_run_whose_worker_dies_stops_naming_it(doomed_workers, tmp_path):
+    # Windows (--prediction-every 0: steps_per_execution "auto" runs 8 mini-batches per
+    # graph call, one remote call each): a lost worker stops them as promptly, named.
+    cluster, procs = doomed_workers
+    logdir = tmp_path / "run"
+    flags = ["--gpus-per-host", "2", "--model", "mlp", "--mode", "stash", "--cuts",
+             "flatten,dense1,dense2", "--batch-size", "8", "--limit", "512", "--logdir", logdir,
+             "--export", "none", "--prediction-every", "0"]
+    failed_after, out, err = _kill_mid_run(cluster, procs, flags, logdir,
+                                           tmp_path / "out.txt", tmp_path / "err.txt")
+    assert failed_after < 30.0, failed_after
+    named = f"worker task 1 ({cluster.split(',')[1]}), which held stages 2 and 3"
+    assert named in out + err, err[-4000:]
+
+
 def _kill_mid_run(cluster, procs, flags, logdir, out_path, err_path):
     """Runs train.py on `cluster`, kills worker 1 after the first checkpoint; returns
     (seconds from the kill to the trainer's exit, its stdout, its stderr)."""
