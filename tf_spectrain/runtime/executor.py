@@ -12,7 +12,13 @@ import tensorflow as tf
 from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime.feed import Feed, split_batch
-from tf_spectrain.runtime.handoff import Board, Channel, FailureBox, PipelineAborted
+from tf_spectrain.runtime.handoff import (
+    Board,
+    Channel,
+    FailureBox,
+    PipelineAborted,
+    watched_call,
+)
 from tf_spectrain.runtime.loss_scale import shares_scale
 
 __all__ = ["EpochRun", "split_batch", "to_host"]
@@ -348,22 +354,13 @@ class EpochRun:
         """
         if self._watchdog is None:
             return fn()
-        done, box = threading.Event(), {}
 
-        def call():
-            try:
-                box["value"] = fn()
-            except BaseException as error:  # re-raised in the caller
-                box["error"] = error
-            done.set()
-
-        threading.Thread(target=call, name="tf_spectrain-wait", daemon=True).start()
-        while not done.wait(_JOIN_SLICE):
+        def abandon():
             if self.failure.abort.is_set():
-                raise PipelineAborted("the pipeline aborted while waiting on a read")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+                return PipelineAborted("the pipeline aborted while waiting on a read")
+            return None
+
+        return watched_call(fn, abandon, "tf_spectrain-wait", _JOIN_SLICE)
 
 
 def _gathered(board, i, k, value):

@@ -61,6 +61,15 @@ def check_split(n, parts, replicas, micro_batches):
     _check_parts(n, parts, what)
 
 
+def ran_out(i, num_batches):
+    """The error for data that ran out after i of an epoch's `num_batches` mini-batches."""
+    return ValueError(
+        f"The training data ran out after {i} mini-batches of an epoch of {num_batches}. "
+        "With `steps_per_epoch`, the dataset must yield at least steps_per_epoch * epochs "
+        "batches (e.g. use `dataset.repeat()`)."
+    )
+
+
 class Feed:
     """The mini-batches of one epoch, read once and handed to every replica's stage 0.
 
@@ -113,11 +122,7 @@ class Feed:
         try:
             x, y = next(self.batches)
         except StopIteration:
-            raise ValueError(
-                f"The training data ran out after {i} mini-batches of an epoch of "
-                f"{self.num_batches}. With `steps_per_epoch`, the dataset must yield "
-                "at least steps_per_epoch * epochs batches (e.g. use `dataset.repeat()`)."
-            ) from None
+            raise ran_out(i, self.num_batches) from None
         parts, m = self.replicas * self.micro_batches, self.micro_batches
         if parts == 1:
             return [[(x, y, 1.0)]]

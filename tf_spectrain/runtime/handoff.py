@@ -145,3 +145,41 @@ class Board:
             if self._reads[key] == self._readers:
                 del self._values[key], self._reads[key]
             return list(values)
+
+
+def watched_call(fn, abandon, name, slice_seconds=0.05):
+    """Runs `fn()` in a daemon thread; the caller waits, and gives up when `abandon()` says.
+
+    A read or a graph call on a worker that hangs blocks its thread for ever; run there,
+    it blocks only the helper thread, which is left behind.
+
+    Args:
+        fn: a function of no arguments.
+        abandon: called every `slice_seconds` while `fn` runs: None to keep waiting, or
+            the exception to raise instead.
+        name: the helper thread's name.
+        slice_seconds: how often to ask `abandon`.
+
+    Returns:
+        What `fn` returned.
+
+    Raises:
+        BaseException: what `abandon()` returned, or whatever `fn` raised.
+    """
+    done, box = threading.Event(), {}
+
+    def call():
+        try:
+            box["value"] = fn()
+        except BaseException as error:  # re-raised in the caller
+            box["error"] = error
+        done.set()
+
+    threading.Thread(target=call, name=name, daemon=True).start()
+    while not done.wait(slice_seconds):
+        error = abandon()
+        if error is not None:
+            raise error
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -13,8 +13,9 @@ import threading
 import tensorflow as tf
 
 from tf_spectrain.cluster import watchdog as watchdog_lib
-from tf_spectrain.runtime.feed import check_split
+from tf_spectrain.runtime.feed import check_split, ran_out
 from tf_spectrain.runtime.graphs import graph_function
+from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.window_graph import WindowEmitter, failed_op
@@ -241,11 +242,7 @@ class WindowedEpoch:
         try:
             x, y = next(self.batches)
         except StopIteration:
-            raise ValueError(
-                f"The training data ran out after {i} mini-batches of an epoch of "
-                f"{self.windows.num_batches}. With `steps_per_epoch`, the dataset must yield "
-                "at least steps_per_epoch * epochs batches (e.g. use `dataset.repeat()`)."
-            ) from None
+            raise ran_out(i, self.windows.num_batches) from None
         n = int(tf.nest.flatten(x)[0].shape[0])
         setup = self.setup
         check_split(n, setup.replicas * setup.micro_batches, setup.replicas,
@@ -263,22 +260,9 @@ class WindowedEpoch:
         """`fn()`; with stages on workers, in a helper thread, given up on a lost worker."""
         if self._watchdog is None:
             return fn()
-        done, box = threading.Event(), {}
-
-        def call():
-            try:
-                box["value"] = fn()
-            except BaseException as error:  # re-raised in the caller
-                box["error"] = error
-            done.set()
-
-        threading.Thread(target=call, name="tf_spectrain-window", daemon=True).start()
-        while not done.wait(_WAIT_SLICE):
-            if self._watchdog.lost.is_set():
-                raise self._watchdog.error
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        watchdog = self._watchdog
+        return watched_call(fn, lambda: watchdog.error if watchdog.lost.is_set() else None,
+                            "tf_spectrain-window", _WAIT_SLICE)
 
     def _note(self, window, flags, notes, shift):
         """Records the window's passes: non-finite flags, memory, update counts.
