@@ -267,3 +267,18 @@ def test_steps_per_execution_must_be_auto_or_a_positive_int(value, error):
                        r".*Received: steps_per_execution="):
         pipe.compile(SpecTrainSGD(LR), "sparse_categorical_crossentropy",
                      steps_per_execution=value)
+
+
+def test_data_that_runs_out_in_a_window_says_what_to_do():
+    import tensorflow as tf
+
+    pipe = PipelineModel(model(), cuts=CUTS[3], mode="stash")
+    pipe.compile(SpecTrainSGD(LR, momentum=MOMENTUM),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 steps_per_execution=4)
+    x, y = data(num_batches=4, last=BATCH)
+    # A dataset of unknown length, so that fit cannot tell in advance.
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).filter(lambda a, b: True)
+    with pytest.raises(ValueError, match=r"ran out after 4 mini-batches of an epoch of 6.*"
+                       r"repeat"):
+        pipe.fit(ds, epochs=1, steps_per_epoch=6, verbose=0)
