@@ -4,7 +4,7 @@
     python -m benchmarks.floor --stages 4 --modes stash,spectrain-paper --rounds 5
     python -m benchmarks.floor --model conv --steps-per-execution 1,auto,32
     python -m benchmarks.floor --profile stash --stages 4 --steps-per-execution 1
-    python -m benchmarks.floor --out docs/data/floor-dense.md --json docs/data/floor-dense.jsonl
+    python -m benchmarks.floor --out docs/data/issue17/floor-dense.md --json docs/data/issue17/floor-dense.jsonl
 
 A model whose layers compute almost nothing, so that a mini-batch costs only the machinery:
 `dense` is `Input(16)` -> 8 x `Dense(16, tanh)` -> `Dense(4)` at batch 8, `conv` is

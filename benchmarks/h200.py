@@ -1,7 +1,7 @@
 """Where a pipeline pays on today's GPUs: 4 x H200, and 2 hosts x 4 H200, predicted.
 
     python -m benchmarks.h200                                  # the tables of RESULTS.md 14
-    python -m benchmarks.h200 --floor docs/data/issue17/floor-dense.jsonl --out h200.md
+    python -m benchmarks.h200 --floor docs/data/issue17/floor.jsonl --out h200.md
 
 No GPU here: the compute comes from `../shared/gpu-h200/` (the zoo's `vgg16` at 32 px,
 batch 128, and `resnet50` at 224 px, batch 64, measured on one H200 with Keras on JAX):

@@ -201,6 +201,8 @@ def loopback_runtime(train, remote_latency):
     mini-batch: each a loopback call of `remote_latency` seconds (the link's fitted
     latency, which includes the call itself).
     """
+    import dataclasses
+
     from tf_spectrain import costmodel
 
     spe = str(train.get("steps_per_execution", "1"))
@@ -208,8 +210,8 @@ def loopback_runtime(train, remote_latency):
         base, calls = costmodel.PASS_BY_PASS, 3.0
     else:
         base, calls = costmodel.WINDOWS, 1.0 / (8 if spe == "auto" else int(spe))
-    return costmodel.RuntimeCosts(base.batch_seconds, base.stage_seconds,
-                                  calls * remote_latency, name=f"{base.name}, loopback")
+    return dataclasses.replace(base, remote_stage_seconds=calls * remote_latency,
+                               name=f"{base.name}, loopback")
 
 
 def loopback_table(records, profile, concurrency=None):

@@ -299,9 +299,9 @@ class PipelineModel:
                 them, and a learning rate set at a batch's begin applies to the K. The
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
                 1 runs each pass from its stage's thread. `"auto"` (the default): 8,
-                unless a callback of your own has per-batch hooks (then 1). The
-                telemetry's pass-by-pass prediction error (`Telemetry(prediction_every=
-                ...)`) runs the epochs it measures as with 1.
+                unless a callback of your own has per-batch hooks (then 1). A `fit`
+                whose telemetry measures prediction errors pass by pass
+                (`Telemetry(prediction_every=...)`) runs as with 1.
 
         Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
         losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more

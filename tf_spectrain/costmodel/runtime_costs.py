@@ -12,16 +12,17 @@ number of stages and of layers:
 seconds of host time per mini-batch for N stages holding L layers in all, R of the stages
 on other hosts than the trainer's. The host's work runs beside the stages' compute (their
 ops are dispatched ahead: graph calls return before their kernels end on GPUs, and the
-stage threads or the
-graph's executor feed several devices at once), so it bounds a mini-batch from below
-rather than adding to it: `predict_pipeline(..., runtime=...)` takes
-`max(compute-bound time, floor)` (with a shared compute bound, `hardware.concurrency`
-below the number of devices, the floor's host work also shares those cores).
+stage threads or the graph's executor feed several devices at once), so it bounds a
+mini-batch from below rather than adding to it: `predict_pipeline(..., runtime=...)` takes
+`max(compute-bound time, floor)`.
 
 `PASS_BY_PASS` and `WINDOWS` are the two runtimes as measured on this project's 2-core
 machine (TensorFlow 2.21): stage threads that call a graph function per pass
 (`steps_per_execution=1`), and windows of 8 mini-batches per graph call (the default).
-A host with faster single-thread Python runs both proportionally faster.
+Their `remote_stage_seconds` is 0: what a remote call costs depends on the link, so a
+caller that places stages on other hosts sets it (`dataclasses.replace`), as
+`benchmarks/hosts_predict.py` does with the loopback link's measured latency per call. A
+host with faster single-thread Python runs both planes proportionally faster.
 """
 
 import dataclasses
@@ -76,8 +77,10 @@ NONE = RuntimeCosts()
 """No runtime cost: compute and transfers only (the cost model before issue 17)."""
 
 # Measured with benchmarks/floor.py on 2026-12-04 (docs/data/issue17/floor.jsonl: the dense
-# floor model with 8 and 32 hidden layers, N = 1, 2, 4, 8, stash and paper SpecTrain, medians
-# of 3 rounds; RESULTS.md section 14): least-squares planes through those 8 points each.
+# floor model with 8 hidden layers, vanilla, stash and both SpecTrain targets, and with 32,
+# stash and paper SpecTrain; N = 1, 2, 4, 8; 3 rounds): least-squares planes through the
+# medians of each (N, layers) point, 8 points each (PASS_BY_PASS's intercept, -0.11 ms,
+# set to 0; RESULTS.md section 14).
 PASS_BY_PASS = RuntimeCosts(batch_seconds=0.0, stage_seconds=3.72e-3, layer_seconds=0.196e-3,
                             name="pass by pass")
 WINDOWS = RuntimeCosts(batch_seconds=0.20e-3, stage_seconds=0.170e-3, layer_seconds=0.044e-3,

@@ -1,9 +1,12 @@
-"""The epoch loop of `PipelineModel.fit`: callbacks, schedules, stage threads, validation.
+"""The epoch loop of `PipelineModel.fit`: callbacks, schedules, stage threads or windows.
 
-Each epoch builds every stage's instruction list (`runtime.state.op_lists`), runs it with one
-thread per stage (`runtime.executor.EpochRun`), and reports each finished mini-batch to the
-Keras callbacks from the caller's thread. The pipeline drains at every epoch end; the
-trained weights are then copied back into the wrapped model before `on_epoch_end`.
+Each epoch builds every stage's instruction list (`runtime.state.op_lists`) and runs it
+either pass by pass, with one thread per stage (`runtime.executor.EpochRun`, reporting
+each finished mini-batch to the Keras callbacks from the caller's thread), or in windows
+of K mini-batches, one graph call each (`runtime.window_epoch.WindowedEpoch`, reporting
+each window), as `window_size` and the telemetry's probes decide. The pipeline drains at
+every epoch end; the trained weights are then copied back into the wrapped model before
+`on_epoch_end`.
 """
 
 import time
