@@ -4,7 +4,8 @@
     python -m benchmarks.floor --stages 4 --modes stash,spectrain-paper --rounds 5
     python -m benchmarks.floor --model conv --steps-per-execution 1,auto,32
     python -m benchmarks.floor --profile stash --stages 4 --steps-per-execution 1
-    python -m benchmarks.floor --out docs/data/issue17/floor-dense.md --json docs/data/issue17/floor-dense.jsonl
+    python -m benchmarks.floor --out docs/data/issue17/floor-dense.md \\
+        --json docs/data/issue17/floor-dense.jsonl
 
 A model whose layers compute almost nothing, so that a mini-batch costs only the machinery:
 `dense` is `Input(16)` -> 8 x `Dense(16, tanh)` -> `Dense(4)` at batch 8, `conv` is
@@ -49,6 +50,8 @@ KINDS = [
      ("eager/execute", ""), ("eager/context", ""), ("trace_type", "")),
     ("hand-offs and threads", ("runtime/handoff", ""), ("threading", ""), ("queue", "")),
     ("callbacks", ("keras/src/callbacks", ""), ("utils/progbar", "")),
+    ("telemetry", ("tf_spectrain/callbacks/telemetry", ""), ("tensorboard", ""),
+     ("summary", "")),
     ("metrics and logs", ("keras/src/metrics", ""), ("runtime/bookkeeping", "")),
     ("pipeline runtime (Python)", ("tf_spectrain/runtime", ""), ("tf_spectrain/schedule", "")),
     ("optimizers (Python)", ("keras/src/optimizers", ""), ("tf_spectrain/prediction", "")),
@@ -69,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=common.positive_int, default=300)
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--profile", choices=list(MODES) + ["keras"], default=None)
+    p.add_argument("--telemetry", action="store_true",
+                   help="with --profile: also run the Telemetry callback (per-step scalars "
+                   "with log_every='auto', no prediction errors)")
     p.add_argument("--out", default=None, help="also write the table here")
     p.add_argument("--json", default=None, help="append one JSON line per timed fit here")
     return p.parse_args(argv)
@@ -140,9 +146,10 @@ def data(args):
     return x, rng.integers(0, 4, len(x)).astype("int32")
 
 
-def timed_fit(trainer, x, y):
+def timed_fit(trainer, x, y, callbacks=None):
     with common.CpuClock() as clock:
-        trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                    callbacks=callbacks)
     return clock
 
 
@@ -212,6 +219,7 @@ ENTRIES = [
     ("losses and metrics (host side)", "runtime/bookkeeping", "TrainLogs.record"),
     ("losses and metrics (host side)", "runtime/bookkeeping", "TrainLogs.record_window"),
     ("callbacks (progress, history)", "keras/src/callbacks/callback_list", "CallbackList.on_"),
+    ("telemetry (inside the callbacks)", "callbacks/telemetry", "Telemetry.on_"),
     ("hand-offs: waiting on a queue", "runtime/handoff", "Channel.get"),
     ("keras fit: train function calls", "backend/tensorflow/trainer", "function"),
 ]
@@ -233,10 +241,18 @@ def profile(args):
         label = next(k for k in trainers if not k.startswith("keras"))
     trainer = trainers[label][0]
     x, y = data(args)
-    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    callbacks = None
+    if args.telemetry:
+        import tempfile
+
+        import tf_spectrain
+
+        callbacks = [tf_spectrain.callbacks.Telemetry(tempfile.mkdtemp(), prediction_every=0)]
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                callbacks=callbacks)
     yappi.set_clock_type("cpu")
     yappi.start(builtins=True)
-    clock = timed_fit(trainer, x, y)
+    clock = timed_fit(trainer, x, y, callbacks)
     yappi.stop()
     stats = list(yappi.get_func_stats())
     per_batch = 1e3 / args.batches
