@@ -661,9 +661,9 @@ def _unknown_length():
             r"steps_per_epoch",
         ),
         (lambda x, y: dict(x=x, y=y, steps_per_epoch=0), r"steps_per_epoch=0"),
-        (lambda x, y: dict(x=x, y=y, validation_data=(x, y, y)), r"validation_data.*3"),
+        (lambda x, y: dict(x=x, y=y, validation_data=(x, y, y, y)), r"validation_data.*4"),
     ],
-    ids=["xy_length", "epochs0", "batch0", "unknown_length", "infinite", "steps0", "val3"],
+    ids=["xy_length", "epochs0", "batch0", "unknown_length", "infinite", "steps0", "val4"],
 )
 def test_fit_rejects_bad_arguments(sync_pipe, make_kwargs, pattern):
     x, y = _mlp_data(2)

@@ -8,16 +8,18 @@ epochs an uninterrupted one would.
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import input_checks
+from tf_spectrain import input_checks, sample_weights
 from tf_spectrain.outputs import OutputLoss, is_multi_output
 from tf_spectrain.runtime.iterators import retire, without_autotune
 
 
-def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
+def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y"), sample_weight=None):
     """`(x, y)` batches from arrays or a dataset, checked against the model and loss.
 
     For a model with several outputs, `y` becomes a tuple in output order, and the
-    `outputs.OutputLoss` is built for the labels' shapes.
+    `outputs.OutputLoss` is built for the labels' shapes. With sample weights (the
+    `sample_weight` array, or a dataset of `(x, y, sample_weight)` batches), each batch's
+    `y` carries its weights (`sample_weights.pack`).
 
     Args:
         model: the wrapped Keras model (its inputs fix the expected shapes).
@@ -26,6 +28,7 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
         batch_size: for arrays; None for the default of 32.
         shuffle: shuffle arrays (reshuffled at every iteration).
         names: how error messages call `x` and `y`.
+        sample_weight: None, or an array of one weight per example (arrays only).
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` batches.
@@ -38,8 +41,10 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y")):
     n_x = input_checks.check_data(model, loss, x, y, names)
     if n_x is None:
         return _labels_in_order(model, loss, x)  # a dataset of (x, y) batches, as given
+    input_checks.check_sample_weight(sample_weight, n_x)
     inputs = input_checks.model_inputs(model, x)
-    ds = tf.data.Dataset.from_tensor_slices((inputs, input_checks.model_labels(model, y)))
+    labels = sample_weights.pack(input_checks.model_labels(model, y), sample_weight)
+    ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
     if shuffle:
         ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size)
@@ -51,10 +56,18 @@ def _labels_in_order(model, loss, ds):
     """A dataset for a model with several outputs yields its labels as a tuple in output order.
 
     Labels given as a dict (by output name) or a list are mapped to that tuple; a tuple, or
-    a model with one output, leaves the dataset as it is.
+    a model with one output, leaves the labels as they are. `(x, y, sample_weight)` batches
+    become `(x, y)` batches whose labels carry their weights.
     """
-    if is_multi_output(model) and isinstance(ds.element_spec[1], (dict, list)):
-        ds = ds.map(lambda x, y: (x, input_checks.model_labels(model, y)))
+    if len(ds.element_spec) == 3:
+        ds = ds.map(lambda x, y, w: (x, sample_weights.pack(y, w)))
+    labels, _ = sample_weights.unpack(ds.element_spec[1])
+    if is_multi_output(model) and isinstance(labels, (dict, list)):
+        def in_order(x, y):
+            y, w = sample_weights.unpack(y)
+            return x, sample_weights.pack(input_checks.model_labels(model, y), w)
+
+        ds = ds.map(in_order)
     _build_loss(loss, ds)
     return ds
 
@@ -65,7 +78,7 @@ def _build_loss(loss, ds):
     `ds` yields batches, so the labels' shapes have their batch axis, as Keras sees them.
     """
     if isinstance(loss, OutputLoss):
-        loss.build(ds.element_spec[1])
+        loss.build(sample_weights.unpack(ds.element_spec[1])[0])
 
 
 def epoch_batches(model, x, y, batch_size, seed, epoch):
@@ -136,14 +149,17 @@ class EpochFeed:
         model, loss: the wrapped model and the compiled loss (to check the data).
         x, y, batch_size, shuffle, steps_per_epoch: as `PipelineModel.fit` takes them.
         micro_batches: the pipeline's micro-batches per mini-batch.
+        sample_weight: None, or the examples' weights (arrays only).
 
     Raises:
         ValueError, TypeError: data that does not fit, or an epoch length that is
             unknown or cannot be split into micro-batches.
     """
 
-    def __init__(self, model, loss, x, y, batch_size, shuffle, steps_per_epoch, micro_batches):
-        self.dataset = dataset(model, loss, x, y, batch_size, shuffle)
+    def __init__(self, model, loss, x, y, batch_size, shuffle, steps_per_epoch, micro_batches,
+                 sample_weight=None):
+        self.dataset = dataset(model, loss, x, y, batch_size, shuffle,
+                               sample_weight=sample_weight)
         self.num_batches = num_batches(self.dataset, steps_per_epoch)
         if not isinstance(x, tf.data.Dataset):  # a dataset's batch sizes show when it runs
             input_checks.check_micro_batch_split(
@@ -151,7 +167,8 @@ class EpochFeed:
                 input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
                 micro_batches,
             )
-        labels = y if isinstance(x, tf.data.Dataset) else input_checks.model_labels(model, y)
+        labels = y if isinstance(x, tf.data.Dataset) else sample_weights.pack(
+            input_checks.model_labels(model, y), sample_weight)
         self._arrays = (model, x, labels, batch_size)
         self._per_epoch_order = (
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None

@@ -1,8 +1,10 @@
 """Resolving `compile` arguments the way `keras.Model.compile` does: loss, metrics, optimizer."""
 
+import warnings
+
 import keras
 
-from tf_spectrain import prediction
+from tf_spectrain import prediction, sample_weights
 
 _ACCURACY = ("accuracy", "acc")
 
@@ -67,7 +69,7 @@ def _accuracy_for(loss):
     return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
 
 
-def resolve_metrics(metrics, loss):
+def resolve_metrics(metrics, loss, argument="metrics"):
     """Resolves `compile`'s `metrics` argument to a list of fresh Keras metric objects.
 
     "accuracy" / "acc" become the accuracy that fits the loss (sparse categorical for a
@@ -77,6 +79,7 @@ def resolve_metrics(metrics, loss):
     Args:
         metrics: None, or a list or tuple of Keras metrics, metric functions or names.
         loss: the resolved loss (its name picks the accuracy metric).
+        argument: how messages call `metrics` (`"weighted_metrics"` for those).
 
     Returns:
         A list of `keras.metrics.Metric` objects (empty for None).
@@ -89,8 +92,8 @@ def resolve_metrics(metrics, loss):
         return []
     if not isinstance(metrics, (list, tuple)):
         raise TypeError(
-            "`metrics` must be a list of Keras metrics or their names. "
-            f"Received: metrics={metrics!r}"
+            f"`{argument}` must be a list of Keras metrics or their names. "
+            f"Received: {argument}={metrics!r}"
         )
     resolved = []
     for m in metrics:
@@ -103,12 +106,40 @@ def resolve_metrics(metrics, loss):
             metric = None
         if metric is None or not callable(metric):
             raise ValueError(
-                "`metrics` must hold Keras metrics or their names, such as 'accuracy' or "
-                f"keras.metrics.AUC(). Received: metric {m!r} in metrics={list(metrics)!r}"
+                f"`{argument}` must hold Keras metrics or their names, such as 'accuracy' or "
+                f"keras.metrics.AUC(). Received: metric {m!r} in {argument}={list(metrics)!r}"
             )
         if not isinstance(metric, keras.metrics.Metric):
             metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(m, "__name__", str(m)))
         resolved.append(metric)
+    return resolved
+
+
+def resolve_weighted_metrics(weighted_metrics, metrics, loss):
+    """Resolves `compile`'s `weighted_metrics` (one output), named as Keras logs them.
+
+    Each becomes a metric updated with the sample weights (`sample_weights.is_weighted`);
+    one whose name a metric of `metrics` already has is renamed `weighted_<name>`, as
+    Keras names its log.
+
+    Args:
+        weighted_metrics: None, or a list of Keras metrics, metric functions or names.
+        metrics: the resolved `metrics` (their names are taken).
+        loss: the resolved loss.
+
+    Returns:
+        A list of Keras metrics.
+
+    Raises:
+        TypeError, ValueError: as `resolve_metrics`.
+    """
+    taken = {m.name for m in metrics}
+    resolved = []
+    for metric in resolve_metrics(weighted_metrics, loss, argument="weighted_metrics"):
+        if metric.name in taken:
+            metric.name = f"weighted_{metric.name}"  # a fresh object, made by resolve_metrics
+        taken.add(metric.name)
+        resolved.append(sample_weights.mark_weighted(metric))
     return resolved
 
 
@@ -174,3 +205,14 @@ def check_clipping(optimizer, mode):
             f"mode='sync'. Received: global_clipnorm={optimizer.global_clipnorm}, "
             f"mode={mode!r}"
         )
+
+
+def warn_graph_options(run_eagerly, jit_compile):
+    """Warns that `compile`'s `run_eagerly=True` or `jit_compile=True` are not honoured."""
+    for name, value, off in (("run_eagerly", run_eagerly, (False, None)),
+                             ("jit_compile", jit_compile, ("auto", False, None))):
+        if value not in off:
+            warnings.warn(
+                f"`{name}={value!r}` is accepted for Keras scripts but has no effect: the "
+                "pipeline's stages always run as TensorFlow graph functions without XLA.",
+                stacklevel=3)

@@ -288,14 +288,10 @@ def _check_label_range(loss, y, num_classes, what):
 def _check_dataset(model, loss, ds, what="x"):
     """Checks that a dataset yields `(x, y)` batches that fit the model and the loss."""
     spec = ds.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-        if isinstance(spec, tuple) and len(spec) == 3:
-            found = "(x, y, sample_weight) triples; sample weights are not supported"
-        else:
-            found = f"elements {spec}"
+    if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
         raise ValueError(
-            f"`{what}` must be a tf.data.Dataset of (x, y) batches. Received: a dataset "
-            f"of {found}"
+            f"`{what}` must be a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches. "
+            f"Received: a dataset of elements {spec}"
         )
     if int(ds.cardinality()) == 0:
         raise ValueError(f"`{what}` is an empty dataset (0 batches).")

@@ -9,6 +9,7 @@ TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.data_c
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
@@ -130,29 +131,29 @@ def _check_callbacks(callbacks):
 
 
 def unpack_validation_data(validation_data):
-    """Splits `validation_data` (a tuple/list of 2, or a dataset) into `(x_val, y_val)`.
+    """Splits `validation_data` into `(x_val, y_val, sample_weight_val)`, as Keras does.
 
     Args:
-        validation_data: `(x_val, y_val)` as a tuple or list, or a `tf.data.Dataset` of
-            `(x, y)` batches.
+        validation_data: `(x_val, y_val)` or `(x_val, y_val, sample_weight_val)` as a
+            tuple or list, or a `tf.data.Dataset` of `(x, y[, sample_weight])` batches.
 
     Returns:
-        `(x_val, y_val)`, with `y_val` None when `validation_data` is a dataset.
+        `(x_val, y_val, sample_weight_val)`, with `y_val` and `sample_weight_val` None when
+        `validation_data` is a dataset (and the weights None when not given).
 
     Raises:
-        ValueError: for a tuple or list that does not have 2 items.
+        ValueError: for a tuple or list that does not have 2 or 3 items.
         TypeError: for anything else that is not a tuple, list or tf.data.Dataset.
     """
     if isinstance(validation_data, tf.data.Dataset):
-        return validation_data, None
-    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
-        return validation_data[0], validation_data[1]
+        return validation_data, None, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
+        return tuple(validation_data) + (None,) * (3 - len(validation_data))
     if isinstance(validation_data, (tuple, list)):
-        extra = "; sample weights are not supported" if len(validation_data) == 3 else ""
         raise ValueError(
-            "`validation_data` must be (x_val, y_val) or a tf.data.Dataset of (x, y) "
-            f"batches. Received: a {type(validation_data).__name__} of "
-            f"{len(validation_data)}{extra}"
+            "`validation_data` must be (x_val, y_val), (x_val, y_val, sample_weight_val) or "
+            "a tf.data.Dataset of (x, y) batches. Received: a "
+            f"{type(validation_data).__name__} of {len(validation_data)}"
         )
     raise TypeError(
         "`validation_data` must be (x_val, y_val) or a tf.data.Dataset of (x, y) batches. "
@@ -221,8 +222,9 @@ def check_fit_args(
     check_bool("shuffle", shuffle)
     n = check_data(model, loss, x, y)
     if validation_data is not None:
-        x_val, y_val = unpack_validation_data(validation_data)
-        check_data(model, loss, x_val, y_val, names=validation_names(y_val))
+        x_val, y_val, w_val = unpack_validation_data(validation_data)
+        n_val = check_data(model, loss, x_val, y_val, names=validation_names(y_val))
+        check_sample_weight(w_val, n_val, "validation_data[2]")
     if steps_per_epoch is not None:
         _check_enough_batches(x, n, batch_size, steps_per_epoch, epochs - initial_epoch)
 
@@ -243,3 +245,48 @@ def _check_enough_batches(x, n, batch_size, steps_per_epoch, num_epochs):
             f"batches (one iterator runs through all epochs), but {source} only "
             f"{available}: {fix}."
         )
+
+
+def check_validation_args(validation_steps, validation_batch_size, validation_freq):
+    """Checks `fit`'s `validation_steps`, `validation_batch_size` and `validation_freq`.
+
+    Raises:
+        TypeError, ValueError: for a value Keras would not take (the message names it).
+    """
+    check_int("validation_steps", validation_steps, 1, none_ok=True)
+    check_int("validation_batch_size", validation_batch_size, 1, none_ok=True)
+    if isinstance(validation_freq, list):
+        for epoch in validation_freq:
+            check_int("validation_freq", epoch, 1)
+        return
+    check_int("validation_freq", validation_freq, 1)
+
+
+def validation_due(epoch, validation_freq):
+    """Whether `fit` validates after `epoch` (0-based), as Keras' `validation_freq` says."""
+    if isinstance(validation_freq, list):
+        return epoch + 1 in validation_freq
+    return (epoch + 1) % validation_freq == 0
+
+
+def check_sample_weight(sample_weight, num_examples, name="sample_weight"):
+    """`sample_weight` (called `name` in messages) must be None or numbers with one row per
+    example.
+
+    Raises:
+        TypeError: for weights that are not numeric arrays.
+        ValueError: for weights whose first axis is not `num_examples` long.
+    """
+    if sample_weight is None:
+        return
+    values = tf.nest.flatten(sample_weight)
+    for w in values:
+        w = np.asarray(w)
+        if w.dtype.kind not in "biuf":
+            raise TypeError(
+                f"`{name}` must be numbers, one weight per example. Received: an array "
+                f"of dtype {w.dtype}")
+        if w.ndim == 0 or w.shape[0] != num_examples:
+            raise ValueError(
+                f"`{name}` must have one weight per example: its first axis must be "
+                f"{num_examples} long, as `x`'s. Received: {name} of shape {w.shape}")

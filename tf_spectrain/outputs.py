@@ -32,6 +32,8 @@ import tensorflow as tf
 from keras.src.trainers.compile_utils import get_loss as _keras_get_loss
 from keras.src.trainers.compile_utils import get_metric as _keras_get_metric
 
+from tf_spectrain import sample_weights
+
 
 def is_multi_output(model):
     """Whether `model` has more than one output tensor."""
@@ -253,34 +255,53 @@ class OutputLoss:
         names = [f"{n}_loss" for n, fn in zip(self.names, self.losses) if fn is not None]
         return names if len(names) > 1 else []
 
-    def output_values(self, y_true, y_pred):
-        """The unweighted float32 loss of each output that has a loss, in output order."""
+    def output_values(self, y_true, y_pred, sample_weight=None):
+        """The float32 loss of each output that has a loss (not multiplied by its
+        `loss_weights` entry, weighted by `sample_weight` as in `__call__`), in output order."""
         dtype = keras.backend.floatx()
         return [
-            tf.cast(fn(y_t, y_p), dtype)
-            for fn, y_t, y_p in zip(self.losses, y_true, y_pred)
+            tf.cast(_weighted_call(fn, y_t, y_p, w), dtype)
+            for fn, y_t, y_p, w in zip(
+                self.losses, y_true, y_pred, _per_output_weights(sample_weight, self.names))
             if fn is not None
         ]
 
-    def __call__(self, y_true, y_pred):
+    def __call__(self, y_true, y_pred, sample_weight=None):
         """The weighted sum of the outputs' losses, as `keras.Model.compile`'s loss computes it.
 
         Args:
             y_true: the labels, one tensor per output in output order.
             y_pred: the outputs, likewise.
+            sample_weight: None, one weight per example for every output, or a list of
+                one such tensor (or None) per output, as Keras takes them.
 
         Returns:
             A float32 scalar tensor.
         """
         total = None
-        for fn, weight, y_t, y_p in zip(self.losses, self.weights, y_true, y_pred):
+        for fn, weight, y_t, y_p, w in zip(self.losses, self.weights, y_true, y_pred,
+                                           _per_output_weights(sample_weight, self.names)):
             if fn is None:
                 continue
-            value = tf.cast(fn(y_t, y_p), keras.backend.floatx())
+            value = tf.cast(_weighted_call(fn, y_t, y_p, w), keras.backend.floatx())
             if weight is not None:
                 value = value * weight
             total = value if total is None else total + value
         return total
+
+
+def _per_output_weights(sample_weight, names):
+    """Sample weights per output: a list or tuple as given, one tensor for every output."""
+    if isinstance(sample_weight, (list, tuple)):
+        return list(sample_weight)
+    return [sample_weight] * len(names)
+
+
+def _weighted_call(fn, y_true, y_pred, sample_weight):
+    """`fn(y_true, y_pred)`, weighted by `sample_weight` unless it is None."""
+    if sample_weight is None:
+        return fn(y_true, y_pred)
+    return fn(y_true, y_pred, sample_weight=sample_weight)
 
 
 def _as_entries(value):
@@ -313,50 +334,67 @@ class OutputMetrics:
         metrics: None; a list or tuple of one entry per output; or a dict by output name
             (outputs may be left out). An entry is a Keras metric, metric function or name,
             a list of them, or None.
+        weighted_metrics: likewise, the metrics updated with the sample weights (named
+            `<output>_weighted_<metric>` where a metric already has `<output>_<metric>`).
 
     Raises:
         ValueError: for a list of the wrong length, a dict naming something that is not an
             output, a non-list `metrics`, or an entry Keras cannot resolve.
     """
 
-    def __init__(self, loss, metrics):
+    def __init__(self, loss, metrics, weighted_metrics=None):
         self.loss = loss
-        names = loss.names
-        if metrics is None:
-            self._identifiers = [[] for _ in names]
-        elif isinstance(metrics, dict):
-            _check_keys("metrics", metrics, names, loss.model_name)
-            self._identifiers = [_as_entries(metrics.get(n)) for n in names]
-        elif isinstance(metrics, (list, tuple)) and len(metrics) == len(names):
-            self._identifiers = [_as_entries(m) for m in metrics]
-        else:
-            raise ValueError(
-                f"`metrics` of model '{loss.model_name}' with {_describe(names)} must be a "
-                "list of one entry per output (a metric, a list of metrics or None), or a "
-                "dict by output name, e.g. metrics={'" + names[0] + "': ['mae']}. Received: "
-                f"metrics={metrics!r}"
-            )
+        self._identifiers = self._entries("metrics", metrics)
+        self._weighted_identifiers = self._entries("weighted_metrics", weighted_metrics)
         self._metrics_argument = metrics
         self._resolve(None)  # refuses unknown metrics in `compile`
         self.entries = None  # [(log name, output index, metric)] once built
         self.loss_trackers = None
 
+    def _entries(self, argument, metrics):
+        """Each output's list of metric identifiers, from `metrics` (or `weighted_metrics`)."""
+        names = self.loss.names
+        if metrics is None:
+            return [[] for _ in names]
+        if isinstance(metrics, dict):
+            _check_keys(argument, metrics, names, self.loss.model_name)
+            return [_as_entries(metrics.get(n)) for n in names]
+        if isinstance(metrics, (list, tuple)) and len(metrics) == len(names):
+            return [_as_entries(m) for m in metrics]
+        raise ValueError(
+            f"`{argument}` of model '{self.loss.model_name}' with {_describe(names)} must be "
+            "a list of one entry per output (a metric, a list of metrics or None), or a "
+            f"dict by output name, e.g. {argument}={{'" + names[0] + "': ['mae']}. "
+            f"Received: {argument}={metrics!r}"
+        )
+
     def _resolve(self, labels):
+        """`[(output index, metric)]`: the metrics, then the weighted metrics (marked)."""
         resolved = []
         outputs = self.loss.outputs
-        for k, (name, ids, y, out) in enumerate(
-            zip(self.loss.names, self._identifiers, _shapes_for(labels, outputs), outputs)
-        ):
-            for identifier in ids:
-                try:
-                    resolved.append((k, _keras_get_metric(identifier, y, out)))
-                except (ValueError, TypeError) as e:
-                    raise ValueError(
-                        f"`metrics` for output '{name}' must hold Keras metrics or their "
-                        f"names, such as 'accuracy' or keras.metrics.AUC(). Received: "
-                        f"{identifier!r} in metrics={self._metrics_argument!r} ({e})"
-                    ) from None
+        for identifiers, weighted in ((self._identifiers, False),
+                                      (self._weighted_identifiers, True)):
+            for k, (name, ids, y, out) in enumerate(
+                zip(self.loss.names, identifiers, _shapes_for(labels, outputs), outputs)
+            ):
+                for identifier in ids:
+                    metric = self._metric(name, identifier, y, out, weighted)
+                    if weighted:
+                        sample_weights.mark_weighted(metric)
+                    resolved.append((k, metric))
         return resolved
+
+    def _metric(self, output, identifier, y, out, weighted):
+        """Keras' metric for `identifier` on one output; a clear error if it has none."""
+        argument = "weighted_metrics" if weighted else "metrics"
+        try:
+            return _keras_get_metric(identifier, y, out)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"`{argument}` for output '{output}' must hold Keras metrics or their "
+                f"names, such as 'accuracy' or keras.metrics.AUC(). Received: "
+                f"{identifier!r} in {argument}={self._metrics_argument!r} ({e})"
+            ) from None
 
     @property
     def built(self):
@@ -381,6 +419,8 @@ class OutputMetrics:
         counts, self.entries = {}, []
         for k, metric in resolved:
             name = f"{self.loss.names[k]}_{metric.name}"
+            if name in counts and sample_weights.is_weighted(metric):
+                name = f"{self.loss.names[k]}_weighted_{metric.name}"
             if name in counts:
                 index, counts[name] = counts[name], counts[name] + 1
                 name = f"{name}_{index}"
@@ -392,8 +432,7 @@ class OutputMetrics:
     def fresh_copy(self):
         """A built copy with fresh metrics and trackers (from their configs), same names."""
         copy = _copy.copy(self)
-        copy.entries = [(n, k, m.__class__.from_config(m.get_config()))
-                        for n, k, m in self.entries]
+        copy.entries = [(n, k, sample_weights.fresh_metric(m)) for n, k, m in self.entries]
         copy.loss_trackers = [keras.metrics.Mean(name=n) for n in self.loss.log_names]
         return copy
 
@@ -412,15 +451,17 @@ class OutputMetrics:
                 for a whole batch); labels and predictions are lists in output order.
                 Each output's loss of the batch is the size-weighted mean of the parts'.
         """
-        for labels, predictions in parts:
+        parts = [(*sample_weights.unpack(labels), predictions) for labels, predictions in parts]
+        for labels, weights, predictions in parts:
+            per_output = _per_output_weights(weights, self.loss.names)
             for _, k, m in self.entries:
-                m.update_state(labels[k], predictions[k])
+                sample_weights.update_metric(m, labels[k], predictions[k], per_output[k])
         if not self.loss_trackers:
             return
-        sizes = [tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32) for y, _ in parts]
+        sizes = [tf.cast(tf.shape(tf.nest.flatten(y)[0])[0], tf.float32) for y, _, _ in parts]
         total = None
-        for (labels, predictions), size in zip(parts, sizes):
-            values = self.loss.output_values(labels, predictions)
+        for (labels, weights, predictions), size in zip(parts, sizes):
+            values = self.loss.output_values(labels, predictions, weights)
             if len(parts) > 1:  # micro-batches: each weighs its share of the batch
                 share = size / tf.add_n(sizes)
                 values = [v * share for v in values]

@@ -15,7 +15,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import autocuts, batching, checks, compile_utils, input_checks, modes, partition
+from tf_spectrain import (
+    autocuts,
+    batching,
+    checks,
+    compile_utils,
+    input_checks,
+    keras_data,
+    modes,
+    partition,
+)
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
 from tf_spectrain.model_memory import warn_if_model_on_stage_device
@@ -147,10 +156,7 @@ class PipelineModel:
         memory_limit=None,
         link_bandwidth=None,
     ):
-        if not isinstance(model, keras.Model):
-            raise TypeError(
-                f"`model` must be a keras.Model (functional or Sequential). Received: {model!r}"
-            )
+        model, cuts = user_models.accept(model, cuts, num_stages)  # a list: stages by hand
         modes.check_mode(mode, spectrain_target)
         input_checks.check_int("micro_batches", micro_batches, 1)
         modes.check_schedule(schedule, mode)
@@ -166,6 +172,24 @@ class PipelineModel:
         self.planned_cuts = isinstance(cuts, str) and cuts == AUTO
         if not self.planned_cuts:
             autocuts.check_given_cuts(cuts, num_stages)
+        self._compiled_with = None
+        self.cuts = self.num_stages = self.stages = self.runners = None  # set by _place
+        # A Sequential without an `Input` is cut and placed at its first data (deferred_build).
+        self._unbuilt = deferred_build.BuildOnData(model, lambda: self._place(
+            cuts, devices, num_stages, profile_batch_size, memory_limit, link_bandwidth))
+        if not self._unbuilt.waiting:
+            self._unbuilt.place()
+        self.progress = Progress()
+        self._loop = None  # the FitLoop of a `fit` in progress
+        # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
+        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
+        self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
+
+    def _place(self, cuts, devices, num_stages, profile_batch_size, memory_limit,
+               link_bandwidth):
+        """Plans the cuts (for `"auto"`), splits the (built) model and places its stages."""
+        model, mode, spectrain_target = self.model, self.mode, self.spectrain_target
+        schedule, recompute = self.schedule, self.recompute
         self._grid_devices = None  # with replicas: R lists of N device names
         if self.replicas > 1:
             if devices is None and num_stages is None and self.planned_cuts:
@@ -192,14 +216,8 @@ class PipelineModel:
                     link_bandwidth=link_bandwidth,
                 )
             cuts = [] if self.partition_plan is None else self.partition_plan.cuts
-        self._compiled_with = None
         self._build(list(cuts), devices)
         warn_if_model_on_stage_device(model, self.all_devices)  # an extra copy on an accelerator
-        self.progress = Progress()
-        self._loop = None  # the FitLoop of a `fit` in progress
-        # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
-        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
-        self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
 
     def _build(self, cuts, devices):
         """Splits the model at `cuts` and places the stages on `devices` (None: defaults)."""
@@ -262,7 +280,8 @@ class PipelineModel:
             self.compile(*compiled)
 
     def compile(self, optimizer, loss, metrics=None, loss_weights=None, auto_scale_loss=True,
-                steps_per_execution="auto"):
+                steps_per_execution="auto", weighted_metrics=None, run_eagerly=False,
+                jit_compile="auto"):
         """Configures training, as `keras.Model.compile`.
 
         Args:
@@ -302,6 +321,12 @@ class PipelineModel:
                 unless a callback of your own has per-batch hooks (then 1). A `fit`
                 whose telemetry measures prediction errors pass by pass
                 (`Telemetry(prediction_every=...)`) runs as with 1.
+            weighted_metrics: as in Keras, metrics updated with the sample weights of
+                `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,
+                sample_weight)` batches (`metrics` ignore them); one named as a metric of
+                `metrics` logs as `weighted_<name>`.
+            run_eagerly, jit_compile: accepted for Keras scripts; the stages always run
+                as TensorFlow graph functions without XLA (a warning says so when set).
 
         Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
         losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more
@@ -319,6 +344,7 @@ class PipelineModel:
         steps_per_execution = checks.check_int(
             "steps_per_execution", steps_per_execution, 1, allow=(AUTO,),
             valid="'auto' or an integer >= 1 (mini-batches per graph call)")
+        compile_utils.warn_graph_options(run_eagerly, jit_compile)
         given = compile_utils.resolve_optimizer(optimizer)
         optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
@@ -327,7 +353,7 @@ class PipelineModel:
         compile_utils.check_clipping(optimizer, self.mode)
         if is_multi_output(self.model):
             self.loss = OutputLoss(self.model, loss, loss_weights)
-            self.metrics = OutputMetrics(self.loss, metrics)
+            self.metrics = OutputMetrics(self.loss, metrics, weighted_metrics)
         else:
             if loss_weights is not None:
                 raise ValueError(
@@ -337,9 +363,11 @@ class PipelineModel:
                 )
             self.loss = compile_utils.resolve_loss(loss)
             self.metrics = compile_utils.resolve_metrics(metrics, self.loss)
+            self.metrics += compile_utils.resolve_weighted_metrics(
+                weighted_metrics, self.metrics, self.loss)
         self.optimizer = given
         self._compiled_with = (given, loss, metrics, loss_weights, auto_scale_loss,
-                               steps_per_execution)
+                               steps_per_execution, weighted_metrics)
         self.steps_per_execution = steps_per_execution
         self._train_logs = None  # the TrainLogs of every fit, made at the first
         self._windows = None  # the traced window graphs, for those logs
@@ -456,28 +484,51 @@ class PipelineModel:
         epochs=1,
         verbose="auto",
         callbacks=None,
+        validation_split=0.0,
         validation_data=None,
         shuffle=True,
+        class_weight=None,
+        sample_weight=None,
         initial_epoch=0,
         steps_per_epoch=None,
+        validation_steps=None,
+        validation_batch_size=None,
+        validation_freq=1,
         on_nan="stop",
     ):
         """Trains the pipeline, as `keras.Model.fit`; returns a `keras.callbacks.History`.
 
+        The arguments are Keras' (in Keras' order), with `on_nan` added.
+
         Args:
             x, y: arrays (`y` labels; for several outputs a list of one array per output,
-                or a dict by output name), or `x` a `tf.data.Dataset` of `(x, y)` batches.
+                or a dict by output name; NumPy, tensors or pandas), or `x` a
+                `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` batches, or
+                anything else Keras' data adapters take (a `keras.utils.PyDataset`, a
+                generator of batches: give `steps_per_epoch` where its length is unknown).
             batch_size: for arrays; default 32.
             epochs: train until this epoch index.
             verbose: 0 silent, 1 progress bar, 2 one line per epoch, "auto" = 1.
             callbacks: Keras callbacks; they see the wrapped model, holding the true
                 weights at every epoch end. Those with a `set_pipeline(pipeline)` method
                 are given this pipeline first (they may read `pipeline.state`).
-            validation_data: `(x_val, y_val)` or a dataset, evaluated at every epoch end.
+            validation_split: a float in [0, 1): as in Keras, the last fraction of the
+                arrays (before shuffling) is not trained on but validated on.
+            validation_data: `(x_val, y_val)`, `(x_val, y_val, sample_weight_val)` or a
+                dataset, evaluated at the end of the epochs `validation_freq` picks.
             shuffle: shuffle arrays every epoch (datasets are used as given).
+            class_weight: a dict `{class index: weight}` (one output only): each
+                example's loss (and the weighted metrics) weighted by its class's weight.
+            sample_weight: an array of one weight per example (arrays only), weighting
+                the loss and `compile`'s `weighted_metrics` as in Keras.
             initial_epoch: the epoch to start at (for resuming).
             steps_per_epoch: mini-batches per epoch; needed when the dataset's length is
                 unknown. The data iterator then continues across epochs.
+            validation_steps: None, or validate on only this many batches.
+            validation_batch_size: the batch size of validation arrays (default
+                `batch_size`).
+            validation_freq: validate every this many epochs (an int), or after the
+                epochs in a list (1-based), as in Keras.
             on_nan: what a non-finite loss does. `"stop"` raises `NonFiniteLossError`
                 naming the step, the stage that first produced a non-finite value and its
                 learning rate. `"skip"`: every stage leaves out an update whose gradient
@@ -499,14 +550,25 @@ class PipelineModel:
         `epoch_progress` then says how far the epoch got.
         """
         self._require_compiled()
+        several = is_multi_output(self.model)
+        x, y, sample_weight = keras_data.standardize(
+            x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, several)
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = keras_data.split_validation(
+                x, y, sample_weight, validation_split)
+        if validation_data is not None:
+            validation_data = keras_data.standardize_validation(validation_data, several)
         input_checks.check_fit_args(
             self.model, self.loss, x=x, y=y, batch_size=batch_size, epochs=epochs,
             verbose=verbose, callbacks=callbacks, validation_data=validation_data,
             shuffle=shuffle, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
         )
+        input_checks.check_validation_args(validation_steps, validation_batch_size,
+                                           validation_freq)
         checks.check_one_of("on_nan", on_nan, ON_NAN)
         feed = batching.EpochFeed(
-            self.model, self.loss, x, y, batch_size, shuffle, steps_per_epoch, self.micro_batches
+            self.model, self.loss, x, y, batch_size, shuffle, steps_per_epoch,
+            self.micro_batches, sample_weight=sample_weight,
         )
         for runner in self.all_runners:
             runner.skip_non_finite = on_nan == "skip"
@@ -526,8 +588,11 @@ class PipelineModel:
         def next_batches(epoch):
             return feed.batches(self.shuffle_seed, self.epochs_trained)
 
-        def validate():
-            return self._evaluate_logs(validation_data, batch_size)
+        def validate(epoch):
+            if not input_checks.validation_due(epoch, validation_freq):
+                return {}
+            return self._evaluate_logs(validation_data, validation_batch_size or batch_size,
+                                       steps=validation_steps)
 
         if self._train_logs is None:
             self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
@@ -543,14 +608,15 @@ class PipelineModel:
             feed.close()
         return history
 
-    def _evaluate_logs(self, data, batch_size, names=None):
+    def _evaluate_logs(self, data, batch_size, names=None, steps=None, callbacks=None):
         """Loss and metrics on `data` through the stages (see `runtime.inference`)."""
         if self._evaluator is None:
             self._evaluator = inference.Evaluator(self.runners, self.model, self.loss,
                                                   self.metrics)
-        return self._evaluator(data, batch_size, names)
+        return self._evaluator(data, batch_size, names, steps=steps, callbacks=callbacks)
 
-    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False):
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False):
         """Loss and metrics on the data (inference mode), as `keras.Model.evaluate`.
 
         Uses the wrapped model's current weights (they are copied to the stages first).
@@ -560,6 +626,11 @@ class PipelineModel:
                 likewise per output), or `x` a `tf.data.Dataset` of `(x, y)` batches.
             batch_size: for arrays; default 32.
             verbose: 0 prints nothing; otherwise one line with the results.
+            sample_weight: an array of one weight per example (arrays only), weighting
+                the loss and `compile`'s `weighted_metrics`, as in Keras.
+            steps: None for all the data, else only the first `steps` batches.
+            callbacks: Keras callbacks: their `on_test_*` hooks run, each batch's as its
+                results arrive (with the running logs), as in Keras.
             return_dict: return `{"loss": ..., metric: ...}` instead of a list.
 
         Returns:
@@ -576,9 +647,16 @@ class PipelineModel:
         self._require_compiled()
         input_checks.check_verbose(verbose)
         input_checks.check_bool("return_dict", return_dict)
-        data = x if isinstance(x, tf.data.Dataset) and y is None else (x, y)
+        input_checks.check_int("steps", steps, 1, none_ok=True)
+        x, y, sample_weight = keras_data.standardize(
+            x, y, sample_weight, batch_size, steps, multi_output=is_multi_output(self.model))
+        data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
         self.copy_weights_to_stages()
-        logs = self._evaluate_logs(data, batch_size, names=("x", "y"))
+        hooks = keras.callbacks.CallbackList(callbacks, model=self.model)
+        hooks.on_test_begin()
+        logs = self._evaluate_logs(data, batch_size, names=("x", "y"), steps=steps,
+                                   callbacks=hooks)
+        hooks.on_test_end(logs)
         if verbose not in (0, "auto") and verbose:
             print(" - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
         if return_dict:
@@ -588,7 +666,7 @@ class PipelineModel:
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
-    def predict(self, x, batch_size=None, verbose="auto"):
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Model outputs for `x` (arrays or a dataset of inputs), as a NumPy array.
 
         Uses the wrapped model's current weights (they are copied to the stages first).
@@ -599,6 +677,9 @@ class PipelineModel:
                 Keras).
             batch_size: for arrays; default 32.
             verbose: accepted for Keras compatibility; nothing is printed.
+            steps: None for all of `x`, else only the first `steps` batches.
+            callbacks: Keras callbacks: their `on_predict_*` hooks run, each batch's as
+                its outputs arrive, as in Keras.
 
         Returns:
             The model's outputs for all of `x`, concatenated along the batch axis: an
@@ -612,6 +693,15 @@ class PipelineModel:
         """
         runners = self._require_compiled()
         input_checks.check_verbose(verbose)
+        input_checks.check_int("steps", steps, 1, none_ok=True)
+        x, _, _ = keras_data.standardize(x, batch_size=batch_size, steps=steps)
         ds, is_dataset = inference.predict_dataset(self.model, x, batch_size)
+        if steps is not None:
+            ds = ds.take(steps)
         self.copy_weights_to_stages()
-        return inference.collect_outputs(runners, ds, is_dataset, structure=self.model.output)
+        hooks = keras.callbacks.CallbackList(callbacks, model=self.model)
+        hooks.on_predict_begin()
+        outputs = inference.collect_outputs(runners, ds, is_dataset, structure=self.model.output,
+                                            callbacks=hooks)
+        hooks.on_predict_end()
+        return outputs

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_spectrain import sample_weights
 from tf_spectrain.outputs import OutputMetrics
 
 
@@ -51,7 +52,7 @@ def fresh_metrics(metrics):
     if isinstance(metrics, OutputMetrics):
         metrics.build()
         return metrics.fresh_copy()
-    return [m.__class__.from_config(m.get_config()) for m in metrics]
+    return [sample_weights.fresh_metric(m) for m in metrics]
 
 
 class BatchLogs:
@@ -96,8 +97,9 @@ class BatchLogs:
             self.metrics.update_state(parts)
             return
         for labels, predictions in parts:
+            y, weights = sample_weights.unpack(labels)
             for m in self.metrics:
-                m.update_state(labels, predictions)
+                sample_weights.update_metric(m, y, predictions, weights)
 
     def result(self):
         """The logs as floats: `{"loss": ..., <metric>: ...}`, named as Keras names them."""

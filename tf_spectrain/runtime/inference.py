@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import batching, input_checks
+from tf_spectrain import batching, input_checks, sample_weights
 from tf_spectrain.runtime import forward_pipeline, iterators
 from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
 from tf_spectrain.runtime.graphs import as_list, graph_function, one_or_list
@@ -61,25 +61,31 @@ class Evaluator:
     def _update_state(self, labels, outputs, penalties):
         with tf.device(self.device):
             predictions = one_or_list(outputs)
-            total = self.loss(labels, predictions) + tf.add_n(penalties)
+            total = sample_weights.loss_value(self.loss, labels, predictions)
+            total = total + tf.add_n(penalties)
             size = tf.shape(tf.nest.flatten(labels)[0])[0]
             self.logs.update(total, size, [(labels, predictions)])
 
     def _consume(self, result):
         self._update(result.extra, result.outputs, result.penalties)
 
-    def __call__(self, data, batch_size, names=None, pipelined=True):
+    def __call__(self, data, batch_size, names=None, pipelined=True, steps=None,
+                 callbacks=None):
         """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of batches.
 
         The loss includes the stages' layer losses, as in training.
 
         Args:
-            data: `(x, y)` as a tuple or list, or a `tf.data.Dataset` of `(x, y)` batches.
+            data: `(x, y)` or `(x, y, sample_weight)` as a tuple or list, or a
+                `tf.data.Dataset` of `(x, y[, sample_weight])` batches.
             batch_size: for arrays; None for the default of 32.
             names: how error messages call `x` and `y`; None: as parts of
                 `validation_data`.
             pipelined: False runs the stages one after another in this thread instead
                 (the same results; for comparisons).
+            steps: None for every batch, else only the first `steps` batches.
+            callbacks: None, or a `keras.callbacks.CallbackList` whose test-batch hooks
+                run as each batch's results arrive (with the running logs).
 
         Returns:
             A dict `{"loss": ..., <metric>: ...}` of floats.
@@ -89,16 +95,31 @@ class Evaluator:
                 `batching.dataset`).
             Exception: whatever a stage raised, with a note naming the stage and batch.
         """
-        x, y = input_checks.unpack_validation_data(data)
+        x, y, weights = input_checks.unpack_validation_data(data)
         names = input_checks.validation_names(y) if names is None else names
         ds = batching.dataset(self.model, self.loss, x, y, batch_size, shuffle=False,
-                              names=names)
+                              names=names, sample_weight=weights)
+        if steps is not None:
+            ds = ds.take(steps)
         if self.logs is None:
             with tf.device(self.device):
                 self.logs = BatchLogs(fresh_metrics(self.compiled_metrics))
         self.logs.reset()
-        _run(self.runners, ds, _labelled, self._consume, pipelined)
+        consume = self._consume if callbacks is None else self._with_hooks(callbacks)
+        _run(self.runners, ds, _labelled, consume, pipelined)
         return self.logs.result()
+
+    def _with_hooks(self, callbacks):
+        """`_consume`, then the callbacks' test-batch hooks with the running logs."""
+        step = iter(range(2**62))
+
+        def consume(result):
+            i = next(step)
+            callbacks.on_test_batch_begin(i)
+            self._consume(result)
+            callbacks.on_test_batch_end(i, self.logs.result())
+
+        return consume
 
 
 def _labelled(element):
@@ -163,7 +184,7 @@ def _predict_inputs(is_dataset):
     return split
 
 
-def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None):
+def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None, callbacks=None):
     """Runs `ds` through the stages in inference mode, as a forward-only pipeline.
 
     Each batch's outputs are read back once, in the caller's thread, while the stages
@@ -177,6 +198,8 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None):
         structure: the model's output structure (`model.output`), to return the arrays
             in it (a dict for a model with a dict of outputs, as Keras' `predict`); None
             for a list.
+        callbacks: None, or a `keras.callbacks.CallbackList` whose predict-batch hooks run
+            as each batch's outputs arrive (`logs={"outputs": ...}`, as Keras gives them).
 
     Returns:
         The outputs of all batches concatenated along the batch axis: one NumPy array for
@@ -188,7 +211,12 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None):
     outputs = []
 
     def keep(result):
+        if callbacks is not None:
+            callbacks.on_predict_batch_begin(len(outputs))
         outputs.append([np.asarray(t) for t in result.outputs])
+        if callbacks is not None:
+            callbacks.on_predict_batch_end(len(outputs) - 1,
+                                           {"outputs": one_or_list(outputs[-1])})
 
     _run(runners, ds, _predict_inputs(is_dataset), keep, pipelined)
     if not outputs:

@@ -153,8 +153,9 @@ class FitLoop:
             initial_epoch: the first epoch to train.
             epochs: the epoch to stop before.
             next_batches: `epoch -> iterator of (x, y) mini-batches` of that epoch.
-            validate: None, or a function returning the validation logs (without the
-                `val_` prefix), called at the end of each epoch that was not cut short.
+            validate: None, or a function `validate(epoch)` returning the validation logs
+                (without the `val_` prefix; `{}` for none), called at the end of each
+                epoch that was not cut short.
 
         Returns:
             The last epoch's logs (`{}` if no epoch ran).
@@ -184,7 +185,7 @@ class FitLoop:
             logs = self.logs.result()
             cut_short = pipe.progress.epoch_progress[1] < self.num_batches
             if validate is not None and not cut_short:
-                logs.update({f"val_{k}": v for k, v in validate().items()})
+                logs.update({f"val_{k}": v for k, v in validate(epoch).items()})
             callbacks.on_epoch_end(epoch, logs)
             if pipe.model.stop_training:
                 break

@@ -11,6 +11,7 @@ import re
 
 import tensorflow as tf
 
+from tf_spectrain import sample_weights
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import (
     all_finite,
@@ -172,7 +173,7 @@ class StagePasses:
         penalty = tf.convert_to_tensor(penalty, tf.float32) * scale
         if not self.is_last:
             return as_list(outputs), penalty, new_state, None
-        loss = self.loss(labels, outputs)
+        loss = sample_weights.loss_value(self.loss, labels, outputs)
         return [loss * tf.cast(scale, loss.dtype)], penalty, new_state, outputs
 
     def forward_at(self, weights, inputs, labels, scale):

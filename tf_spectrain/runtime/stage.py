@@ -172,7 +172,8 @@ class StageRunner:
                 outputs, penalty, logits, finite = self._call_forward(inputs, labels_t, scale_t)
         self._inflight[key] = record
         examples = int(inputs[0].shape[0] or 0) if record.tape is not None and inputs else 0
-        self.memory.kept(key, inputs + ([] if labels is None else [labels]), examples,
+        kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
+        self.memory.kept(key, kept, examples,
                          record.non_trainable or (), record.weights)
         self.penalties.setdefault(key[0], []).append(penalty)
         end = time.perf_counter()

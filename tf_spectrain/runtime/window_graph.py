@@ -223,7 +223,7 @@ class WindowEmitter:
                 self.live[("recw" if keep == WEIGHTS else "rec", k, i, j, r)] = record
         self.live[("pen", k, i, j, r)] = penalty
         self.flags.append((setup.index(r, k), FORWARD, (i, j), finite))
-        kept = inputs + ([] if labels is None else as_list(labels))
+        kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
         self.notes.append((
             "kept", setup.index(r, k), (i, j), _per_example_bytes(kept),
             tensor_bytes(record.get("non_trainable", [])),
