@@ -8,7 +8,8 @@ start of a trainer and of its workers costs several seconds of TensorFlow import
 Connects (2 devices per worker) and prints one JSON line of what the given flags ask for,
 in this order:
 
-`--mode`: trains a small MLP as a 4-stage pipeline on the workers' devices in each mode,
+`--mode`: trains a small MLP as a 4-stage pipeline on the workers' devices in each mode
+(with per-example sample weights, which the labels carry to the last stage),
 then the same pipeline from the same weights on this process' own CPU, and reports the
 largest weight difference, where the stages' variables live and the loss history; then
 the same for two replicas of a 2-stage pipeline, one on each worker, against one pipeline
@@ -148,14 +149,14 @@ def ours():
 
 
 def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, callbacks=None,
-          replicas=1, cuts=("d0", "d1", "d2"), steps_per_execution="auto"):
+          replicas=1, cuts=("d0", "d1", "d2"), steps_per_execution="auto", sample_weight=None):
     pipe = tf_spectrain.PipelineModel(model, cuts=list(cuts), devices=devices, mode=mode,
                                       replicas=replicas)
     pipe.compile(tf_spectrain.SpecTrainSGD(0.1, momentum=0.9),
                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                  steps_per_execution=steps_per_execution)
     history = pipe.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
-                       callbacks=callbacks)
+                       callbacks=callbacks, sample_weight=sample_weight)
     return pipe, history.history["loss"]
 
 
@@ -164,17 +165,20 @@ def equality(tf_spectrain, keras, np, devices, modes):
     model = build(keras)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 6)).astype("float32"), np.arange(40) % 3
+    weights = rng.uniform(0.5, 2.0, 40).astype("float32")  # the labels carry them to stage 3
     w0 = model.get_weights()
     results = {}
     local_device = "/job:localhost/replica:0/task:0/device:CPU:0"
     for mode in modes:
         model.set_weights(w0)
-        pipe, remote_loss = train(tf_spectrain, keras, model, devices, mode, x, y)
+        pipe, remote_loss = train(tf_spectrain, keras, model, devices, mode, x, y,
+                                  sample_weight=weights)
         remote = model.get_weights()
         where = [stage.variables[0].value.device for stage in pipe.stages]
         evaluated = pipe.evaluate(x, y, verbose=0)
         model.set_weights(w0)
-        _, local_loss = train(tf_spectrain, keras, model, [local_device] * 4, mode, x, y)
+        _, local_loss = train(tf_spectrain, keras, model, [local_device] * 4, mode, x, y,
+                              sample_weight=weights)
         results[mode] = {
             "max_diff": max(float(np.max(np.abs(a - b)))
                             for a, b in zip(remote, model.get_weights())),
