@@ -156,7 +156,10 @@ class PipelineModel:
         memory_limit=None,
         link_bandwidth=None,
     ):
-        model, cuts = user_models.accept(model, cuts, num_stages)  # a list: stages by hand
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"`model` must be a keras.Model (functional or Sequential). Received: {model!r}"
+            )
         modes.check_mode(mode, spectrain_target)
         input_checks.check_int("micro_batches", micro_batches, 1)
         modes.check_schedule(schedule, mode)
@@ -172,24 +175,6 @@ class PipelineModel:
         self.planned_cuts = isinstance(cuts, str) and cuts == AUTO
         if not self.planned_cuts:
             autocuts.check_given_cuts(cuts, num_stages)
-        self._compiled_with = None
-        self.cuts = self.num_stages = self.stages = self.runners = None  # set by _place
-        # A Sequential without an `Input` is cut and placed at its first data (deferred_build).
-        self._unbuilt = deferred_build.BuildOnData(model, lambda: self._place(
-            cuts, devices, num_stages, profile_batch_size, memory_limit, link_bandwidth))
-        if not self._unbuilt.waiting:
-            self._unbuilt.place()
-        self.progress = Progress()
-        self._loop = None  # the FitLoop of a `fit` in progress
-        # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
-        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
-        self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
-
-    def _place(self, cuts, devices, num_stages, profile_batch_size, memory_limit,
-               link_bandwidth):
-        """Plans the cuts (for `"auto"`), splits the (built) model and places its stages."""
-        model, mode, spectrain_target = self.model, self.mode, self.spectrain_target
-        schedule, recompute = self.schedule, self.recompute
         self._grid_devices = None  # with replicas: R lists of N device names
         if self.replicas > 1:
             if devices is None and num_stages is None and self.planned_cuts:
@@ -216,8 +201,14 @@ class PipelineModel:
                     link_bandwidth=link_bandwidth,
                 )
             cuts = [] if self.partition_plan is None else self.partition_plan.cuts
+        self._compiled_with = None
         self._build(list(cuts), devices)
         warn_if_model_on_stage_device(model, self.all_devices)  # an extra copy on an accelerator
+        self.progress = Progress()
+        self._loop = None  # the FitLoop of a `fit` in progress
+        # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
+        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
+        self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
 
     def _build(self, cuts, devices):
         """Splits the model at `cuts` and places the stages on `devices` (None: defaults)."""
