@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import batching
+from tf_spectrain import batching, keras_data
 
 
 def _model(classes=2):
@@ -113,6 +113,7 @@ def test_epoch_feed_leaves_a_datasets_batches_to_run_time():
 
 
 def test_epoch_feed_orders_shuffled_arrays_per_epoch_and_continues_a_dataset():
+    tf.random.set_seed(None)  # without a global seed: the pipeline's own order per epoch
     x, y = np.arange(30, dtype="float32").reshape(10, 3), np.arange(10)
     feed = batching.EpochFeed(_model(10), LOSS, x, y, 10, True, None, 1)
     got = next(feed.batches(5, 2))[1].numpy()
@@ -122,3 +123,13 @@ def test_epoch_feed_orders_shuffled_arrays_per_epoch_and_continues_a_dataset():
     first = [yb.numpy().tolist() for _, yb in itertools.islice(feed.batches(0, 0), 3)]
     second = [yb.numpy().tolist() for _, yb in itertools.islice(feed.batches(0, 1), 2)]
     assert first + second == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # one iterator
+
+
+def test_epoch_feed_takes_keras_order_every_epoch_under_a_global_seed():
+    x, y = np.arange(30, dtype="float32").reshape(10, 3), np.arange(10)
+    tf.random.set_seed(4)
+    feed = batching.EpochFeed(_model(10), LOSS, x, y, 10, True, None, 1)
+    orders = [next(feed.batches(5, epoch))[1].numpy().tolist() for epoch in (0, 1)]
+    keras_order = keras_data.keras_order(10).tolist()
+    assert orders == [keras_order, keras_order] and sorted(keras_order) == list(range(10))
+    assert keras_order != list(range(10))

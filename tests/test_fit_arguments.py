@@ -74,6 +74,18 @@ def test_sample_weight_weights_the_loss_and_weighted_metrics_as_keras(data, step
     assert_same_weights(pipe, keras_model)
 
 
+def test_shuffled_arrays_are_taken_in_keras_order_under_a_global_seed(data):
+    x, y, w = data
+    keras_model, pipe = both()
+    histories = []
+    for trainer in (keras_model, pipe):
+        keras.utils.set_random_seed(11)  # a script's seed: the order comes from it alone
+        histories.append(trainer.fit(x, y, batch_size=BATCH, epochs=3, verbose=0,
+                                     validation_split=0.25))
+    assert_same_history(histories[1], histories[0])
+    assert_same_weights(pipe, keras_model)
+
+
 def test_class_weight_becomes_sample_weights_as_in_keras(data):
     x, y, _ = data
     keras_model, pipe = both()
@@ -121,6 +133,17 @@ def test_weighted_validation_data_and_weighted_dataset_as_keras(data):
     args = dict(epochs=2, verbose=0, validation_data=(x[32:], y[32:], w[32:]))
     assert_same_history(pipe.fit(ds, **args), keras_model.fit(ds, **args))
     assert_same_weights(pipe, keras_model)
+
+
+def test_a_dataset_of_unknown_length_trains_as_keras_after_one_counting_pass(data):
+    import tensorflow as tf
+
+    x, y, _ = data
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: b >= 0).batch(BATCH)
+    keras_model, pipe = both()
+    with pytest.warns(UserWarning, match="counted 6 batches"):
+        got = pipe.fit(ds, epochs=2, verbose=0)
+    assert_same_history(got, keras_model.fit(ds, epochs=2, verbose=0))
 
 
 def test_evaluate_with_sample_weight_steps_and_callbacks_as_keras(data):
@@ -242,6 +265,19 @@ def test_asynchronous_modes_weight_the_loss_as_a_hand_weighted_loss_does(data, m
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=RTOL)
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_run_eagerly_and_jit_compile_are_accepted_with_a_warning_and_train_as_keras(data):
+    x, y, _ = data
+    keras_model = mlp()
+    keras_model.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
+    pipe = PipelineModel(mlp(), cuts=["d0"], devices=DEVICES, mode="sync")
+    with pytest.warns(UserWarning, match="run_eagerly=True.*no effect"):
+        pipe.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
+    with pytest.warns(UserWarning, match="jit_compile=True.*no effect"):
+        pipe.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True, **COMPILE)
+    args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_same_history(pipe.fit(x, y, **args), keras_model.fit(x, y, **args))
 
 
 @pytest.mark.parametrize("args, error, words", [

@@ -446,7 +446,7 @@ def test_auto_cuts_never_lose_a_mask():
     plan = costmodel.auto_partition(model, DEVICES[:2], batch_size=8, calibration_rounds=0)
     assert plan.cuts[0] in keeping
     with pytest.raises(ValueError, match=r"into 4 stages: only 2 of its layers can end a stage "
-                                         r"without losing a Keras mask"):
+                                         r".*Use at most 3 stage"):
         costmodel.auto_partition(model, DEVICES, batch_size=8)
     assert set(partition.default_cuts(model, 2, by="layers")) <= set(keeping)
 

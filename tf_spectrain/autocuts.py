@@ -3,7 +3,9 @@
 The planning itself is `tf_spectrain.costmodel.auto_partition` (profile, plan, calibrate).
 """
 
-from tf_spectrain import checks, partition
+import warnings
+
+from tf_spectrain import checks, messages, partition
 from tf_spectrain import devices as devices_lib
 
 AUTO = "auto"
@@ -46,6 +48,28 @@ def stage_devices(devices, num_stages):
         raise ValueError("`devices` must name at least one device. Received: devices=[]")
     partition.check_devices(devices)
     return list(devices)
+
+
+def devices_for_model(model, devices):
+    """The first `devices`, one per stage the model can be cut into (with a warning when
+    that is fewer than `len(devices)`): for `cuts="auto"` on every device by default.
+
+    Args:
+        model: the built Keras model.
+        devices: the stage devices found (every GPU, else every logical CPU device).
+
+    Returns:
+        A list of at most `len(devices)` device names.
+    """
+    places = partition.cuts_keeping_masks(model)
+    if len(places) + 1 >= len(devices):
+        return list(devices)
+    warnings.warn(
+        f"Model '{model.name}' can be cut in only {len(places)} place(s) ({places}), so "
+        f"the pipeline has {len(places) + 1} stage(s) rather than one per device "
+        f"({len(devices)}). Pass `num_stages` or `devices` to be told instead.",
+        stacklevel=messages.user_stacklevel())
+    return list(devices[: len(places) + 1])
 
 
 def check_given_cuts(cuts, num_stages):

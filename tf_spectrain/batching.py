@@ -8,7 +8,7 @@ epochs an uninterrupted one would.
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import input_checks, sample_weights
+from tf_spectrain import input_checks, keras_data, sample_weights
 from tf_spectrain.outputs import OutputLoss, is_multi_output
 from tf_spectrain.runtime.iterators import retire, without_autotune
 
@@ -81,11 +81,12 @@ def _build_loss(loss, ds):
         loss.build(sample_weights.unpack(ds.element_spec[1])[0])
 
 
-def epoch_batches(model, x, y, batch_size, seed, epoch):
+def epoch_batches(model, x, y, batch_size, seed, epoch, order=None):
     """Batches arrays (already checked) in a shuffled order for epoch `epoch` of a pipeline's life.
 
     The order depends only on `seed` and `epoch`, so successive `fit` calls see new
-    orders, as with Keras, and a resumed run the same orders as an uninterrupted one.
+    orders, as with Keras, and a resumed run the same orders as an uninterrupted one;
+    unless `order` is given (`keras_data.keras_order`: Keras' own, under a global seed).
 
     Args:
         model: the wrapped Keras model (its inputs name the parts of `x`).
@@ -94,6 +95,7 @@ def epoch_batches(model, x, y, batch_size, seed, epoch):
         batch_size: examples per mini-batch; None for the default of 32.
         seed: the pipeline's shuffle seed.
         epoch: the epoch count since the pipeline started (0 for the first).
+        order: None, or the permutation of the examples to use.
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` batches, in the epoch's order.
@@ -101,7 +103,8 @@ def epoch_batches(model, x, y, batch_size, seed, epoch):
     batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     inputs = input_checks.model_inputs(model, x)
     n = len(tf.nest.flatten(inputs)[0])
-    order = np.random.default_rng([seed, epoch]).permutation(n)
+    if order is None:
+        order = np.random.default_rng([seed, epoch]).permutation(n)
 
     def permuted(part):
         return np.asarray(part)[order]
@@ -173,6 +176,9 @@ class EpochFeed:
         self._per_epoch_order = (
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None
         )
+        # Under a global seed Keras takes arrays in one seeded order every epoch: so do we.
+        self._order = keras_data.keras_order(len(tf.nest.flatten(x)[0])) if (
+            self._per_epoch_order) else None
         self._iterator = iter(self.dataset) if steps_per_epoch is not None else None
         self._epoch_iterator = None
 
@@ -194,7 +200,7 @@ class EpochFeed:
             return self._iterator
         retire(self._epoch_iterator)
         if self._per_epoch_order:
-            self._epoch_iterator = iter(epoch_batches(*self._arrays, seed, epoch))
+            self._epoch_iterator = iter(epoch_batches(*self._arrays, seed, epoch, self._order))
         else:
             self._epoch_iterator = iter(self.dataset)
         return self._epoch_iterator

@@ -4,7 +4,7 @@ import warnings
 
 import keras
 
-from tf_spectrain import prediction, sample_weights
+from tf_spectrain import messages, prediction, sample_weights
 
 _ACCURACY = ("accuracy", "acc")
 
@@ -215,4 +215,4 @@ def warn_graph_options(run_eagerly, jit_compile):
             warnings.warn(
                 f"`{name}={value!r}` is accepted for Keras scripts but has no effect: the "
                 "pipeline's stages always run as TensorFlow graph functions without XLA.",
-                stacklevel=3)
+                stacklevel=messages.user_stacklevel())

@@ -7,9 +7,15 @@ sample_weight)` tuples unpack, and inputs that are neither arrays nor a `tf.data
 adapters into a `tf.data.Dataset` of batches. The pipeline then batches arrays itself (its
 shuffled order per epoch is what makes a resumed run exact) and uses datasets as given.
 
+Under a global seed (`keras.utils.set_random_seed`), shuffled arrays are taken in Keras'
+own order (`keras_order`), so that a `fit` in sync mode repeats Keras' `fit` exactly.
+
 This is the one module of the project that uses Keras' data-handling internals
-(`keras.src.trainers.data_adapters`): Keras exports no public API for them.
+(`keras.src.trainers.data_adapters`), and TensorFlow's eager context for its global seed:
+neither exports a public API for them.
 """
+
+import warnings
 
 import keras
 import numpy as np
@@ -19,7 +25,10 @@ from keras.src.trainers.data_adapters import array_slicing as _array_slicing
 from keras.src.trainers.data_adapters import data_adapter_utils as _adapter_utils
 from keras.src.trainers.data_adapters import get_data_adapter as _get_data_adapter
 
-from tf_spectrain import checks
+from tf_spectrain import checks, messages
+
+# The global seed TensorFlow's eager context holds (TensorFlow exports no getter for it).
+from tensorflow.python.eager import context as _context  # noqa: E402  isort: skip
 
 
 def unpack(data):
@@ -50,6 +59,22 @@ def _as_array(part):
     if hasattr(part, "to_numpy"):
         return part.to_numpy()
     return np.asarray(part)
+
+
+def keras_order(num_examples):
+    """The order in which Keras' `fit(shuffle=True)` takes `num_examples` examples of arrays
+    when a global seed is set (`keras.utils.set_random_seed`), else None.
+
+    Keras shuffles arrays in a `tf.data` function whose random op is seeded from the global
+    seed alone, and makes a new iterator every epoch: every epoch of every `fit` then sees
+    the same order, which this computes with Keras' own adapter. Without a global seed
+    Keras' order is not reproducible, and the pipeline uses its own seeded orders.
+    """
+    if _context.global_seed() is None:
+        return None
+    adapter = _array_adapter.ArrayDataAdapter(
+        np.arange(num_examples, dtype="int64"), batch_size=max(1, num_examples), shuffle=True)
+    return np.concatenate([np.asarray(batch) for batch in adapter.get_tf_dataset()])
 
 
 def split_validation(x, y, sample_weight, validation_split):
@@ -157,13 +182,26 @@ def adapted_dataset(x, y, sample_weight, batch_size, steps, shuffle, class_weigh
     return ds
 
 
+def counted(ds):
+    """A dataset of unknown length with its length counted by one pass over it (a warning
+    says so: `steps_per_epoch` avoids the pass), for a schedule that needs it up front."""
+    n = int(ds.reduce(np.int64(0), lambda count, _: count + 1))
+    warnings.warn(
+        f"The training dataset's length is unknown (after `filter`, say); counted {n} "
+        "batches by one pass over it. Pass `steps_per_epoch` to skip that pass.",
+        stacklevel=messages.user_stacklevel())
+    return ds.apply(tf.data.experimental.assert_cardinality(n))
+
+
 def standardize(x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False,
-                class_weight=None, multi_output=False):
+                class_weight=None, multi_output=False, count=False):
     """`fit`'s or `evaluate`'s data as arrays or a `tf.data.Dataset`, with sample weights.
 
     Args:
         x, y, sample_weight, batch_size, steps, shuffle, class_weight: the arguments.
         multi_output: whether the model has several outputs.
+        count: count the batches of a `tf.data.Dataset` of unknown length without
+            `steps` (`counted`; `fit`'s schedule needs the epoch's length).
 
     Returns:
         `(x, y, sample_weight)`: NumPy arrays (pandas and tensors converted,
@@ -181,6 +219,8 @@ def standardize(x, y=None, sample_weight=None, batch_size=None, steps=None, shuf
                     f"(x, y) or (x, y, sample_weight) batches. Received: {name} of type "
                     f"{type(value).__name__}")
         check_class_weight(class_weight, None, multi_output)
+        if count and steps is None and int(x.cardinality()) == tf.data.UNKNOWN_CARDINALITY:
+            x = counted(x)
         return weight_dataset(x, class_weight), None, None
     if x is not None and is_arrays(x, y, sample_weight):
         x, y, sample_weight = as_arrays(x), as_arrays(y), as_arrays(sample_weight)

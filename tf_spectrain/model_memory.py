@@ -19,6 +19,8 @@ import warnings
 
 import tensorflow as tf
 
+from tf_spectrain import messages
+
 __all__ = [
     "is_cpu",
     "model_build_device",
@@ -177,6 +179,6 @@ def warn_if_model_on_stage_device(model, devices):
         'PipelineModel: `with tf.device("/CPU:0"): model = ...`. Training speed is '
         "unchanged (the stages train on their own devices).",
         UserWarning,
-        stacklevel=3,
+        stacklevel=messages.user_stacklevel(),
     )
     return shared

@@ -33,6 +33,7 @@ from keras.src.trainers.compile_utils import get_loss as _keras_get_loss
 from keras.src.trainers.compile_utils import get_metric as _keras_get_metric
 
 from tf_spectrain import sample_weights
+from tf_spectrain.model_structure import output_structure
 
 
 def is_multi_output(model):
@@ -53,7 +54,7 @@ def output_names(model):
     Raises:
         ValueError: for nested outputs (a list inside the list of outputs, say).
     """
-    structure = model.output
+    structure = output_structure(model)  # a Sequential has no `model.output`
     if isinstance(structure, dict):
         names = sorted(structure)
     else:

@@ -20,21 +20,25 @@ from tf_spectrain import (
     batching,
     checks,
     compile_utils,
+    deferred_build,
     input_checks,
     keras_data,
     modes,
     partition,
+    user_models,
 )
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
+from tf_spectrain.model_api import ModelAPI, compile_keras_model
 from tf_spectrain.model_memory import warn_if_model_on_stage_device
+from tf_spectrain.model_structure import output_structure
 from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
 from tf_spectrain.prediction import SpecTrain
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime import replicas as replicas_lib
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError, TrainLogs
-from tf_spectrain.runtime.loop import FitLoop, window_size
+from tf_spectrain.runtime.loop import FitLoop, has_test_batch_hooks, window_size
 from tf_spectrain.runtime.stage import build_runners
 from tf_spectrain.runtime.state import PipelineState, Progress
 from tf_spectrain.runtime.window_epoch import WindowFunctions, WindowSetup
@@ -54,13 +58,21 @@ def _progress_field(name, doc):
     )
 
 
-class PipelineModel:
+class PipelineModel(ModelAPI):
     """A Keras model trained as a pipeline of stages on several devices.
 
     Args:
         model: a functional or Sequential `keras.Model` (every layer called once; nested
-            functional models are cut as one graph of their layers). After `fit` it holds
-            the trained weights.
+            functional models are cut as one graph of their layers; custom layers need
+            not be serialisable). After `fit` it holds the trained weights. A Sequential
+            without an `Input` is built from the first data `fit`, `evaluate` or
+            `predict` sees, as Keras builds it; cutting, placing and `compile` wait until
+            then (`stages` is None before). A subclassed model (one that overrides
+            `call`) cannot be cut automatically: split it by hand and pass a list of
+            stages, `[stage0, stage1, ...]`, each a Keras model or layer (subclassed
+            ones too) that takes what the previous stage returns; each is one stage (so
+            `cuts` is left out), and the pipeline's `model` is a Keras model chaining
+            them (see `tf_spectrain.stage_list`).
         cuts: `"auto"` (the default) to plan the cuts from measured time, or a list of
             layer names; each ends a stage, so there are `len(cuts) + 1` stages. With
             `"auto"` every layer's forward and backward is timed on the stage devices at
@@ -130,14 +142,18 @@ class PipelineModel:
             `runtime.stage.StageRunner` (after `compile`). `plans`: each stage's
             `modes.PassPlan`. `progress`: the `runtime.state.Progress` of `fit`.
         shuffle_seed, epochs_trained: shuffled arrays are ordered in epoch `e` by a
-            function of both (a checkpoint holds them, so resumed runs see the same data).
+            function of both (a checkpoint holds them, so resumed runs see the same data),
+            or, under a global seed (`keras.utils.set_random_seed`), in the one order
+            Keras' `fit` takes them in every epoch (`keras_data.keras_order`).
 
     Raises:
-        TypeError: if `model` is not a Keras model, or `cuts`/`devices` have wrong types.
+        TypeError: if `model` is not a Keras model or a list of Keras layers, or
+            `cuts`/`devices` have wrong types.
         ValueError: for an unknown mode or target, bad `micro_batches`, cuts that are not
             layers of the model (or out of order, repeated, leaving a stage empty), a
-            model without a functional graph or with shared layers, devices that do not
-            exist or do not match the number of stages, or too few devices for None.
+            subclassed model (the message says how to pipeline it) or one with shared
+            layers, a list of stages with `cuts`, devices that do not exist or do not
+            match the number of stages, or too few devices for None.
     """
 
     def __init__(
@@ -156,10 +172,7 @@ class PipelineModel:
         memory_limit=None,
         link_bandwidth=None,
     ):
-        if not isinstance(model, keras.Model):
-            raise TypeError(
-                f"`model` must be a keras.Model (functional or Sequential). Received: {model!r}"
-            )
+        model, cuts = user_models.accept(model, cuts, num_stages)  # a list: stages by hand
         modes.check_mode(mode, spectrain_target)
         input_checks.check_int("micro_batches", micro_batches, 1)
         modes.check_schedule(schedule, mode)
@@ -176,6 +189,8 @@ class PipelineModel:
         if not self.planned_cuts:
             autocuts.check_given_cuts(cuts, num_stages)
         self._grid_devices = None  # with replicas: R lists of N device names
+        # One stage per device unless the model has too few places to cut (autocuts).
+        self._any_stage_count = self.planned_cuts and devices is None and num_stages is None
         if self.replicas > 1:
             if devices is None and num_stages is None and self.planned_cuts:
                 devices = autocuts.stage_devices(None, None)  # every GPU, else every CPU
@@ -187,28 +202,43 @@ class PipelineModel:
             profile_batch_size = input_checks.check_int(
                 "profile_batch_size", profile_batch_size, 1
             )
-            if len(devices) > 1:
-                self.partition_plan = autoplan.auto_partition(
-                    model,
-                    devices,
-                    batch_size=profile_batch_size,
-                    mode=mode,
-                    spectrain_target=spectrain_target,
-                    micro_batches=self.micro_batches,
-                    schedule=schedule,
-                    recompute=recompute,
-                    memory_limit=memory_limit,
-                    link_bandwidth=link_bandwidth,
-                )
-            cuts = [] if self.partition_plan is None else self.partition_plan.cuts
+        elif devices is not None:
+            partition.check_stage_devices(devices, len(cuts) + 1)
         self._compiled_with = None
-        self._build(list(cuts), devices)
-        warn_if_model_on_stage_device(model, self.all_devices)  # an extra copy on an accelerator
+        self.cuts = self.num_stages = self.stages = self.runners = None  # set by _place
+        # A Sequential without an `Input` is cut and placed at its first data (deferred_build).
+        self._unbuilt = deferred_build.BuildOnData(model, lambda: self._place(
+            cuts, devices, profile_batch_size, memory_limit, link_bandwidth))
+        if not self._unbuilt.waiting:
+            self._unbuilt.place()
         self.progress = Progress()
         self._loop = None  # the FitLoop of a `fit` in progress
         # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
         self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
         self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
+
+    def _place(self, cuts, devices, profile_batch_size, memory_limit, link_bandwidth):
+        """Plans the cuts (for `"auto"`), splits the (built) model and places its stages."""
+        if self.planned_cuts:
+            if self._any_stage_count and self.replicas == 1:
+                devices = autocuts.devices_for_model(self.model, devices)
+            if len(devices) > 1:
+                self.partition_plan = autoplan.auto_partition(
+                    self.model,
+                    devices,
+                    batch_size=profile_batch_size,
+                    mode=self.mode,
+                    spectrain_target=self.spectrain_target,
+                    micro_batches=self.micro_batches,
+                    schedule=self.schedule,
+                    recompute=self.recompute,
+                    memory_limit=memory_limit,
+                    link_bandwidth=link_bandwidth,
+                )
+            cuts = [] if self.partition_plan is None else self.partition_plan.cuts
+        self._build(list(cuts), devices)
+        # An extra copy on an accelerator:
+        warn_if_model_on_stage_device(self.model, self.all_devices)
 
     def _build(self, cuts, devices):
         """Splits the model at `cuts` and places the stages on `devices` (None: defaults)."""
@@ -332,6 +362,8 @@ class PipelineModel:
                 output, `global_clipnorm` outside sync mode, or loss scaling with
                 replicas outside sync mode.
         """
+        if self._unbuilt.hold_compile(self.compile, locals()):  # replayed once it is built
+            return
         steps_per_execution = checks.check_int(
             "steps_per_execution", steps_per_execution, 1, allow=(AUTO,),
             valid="'auto' or an integer >= 1 (mini-batches per graph call)")
@@ -373,9 +405,10 @@ class PipelineModel:
         if optimizer.global_clipnorm:  # sync mode (check_clipping): one norm over all stages
             for runner in self.all_runners:
                 runner.clip_globally(optimizer.global_clipnorm)
-        # Callbacks see the wrapped model; those that read `model.optimizer` (TensorBoard
-        # logs the learning rate) see the last stage's, whose iterations advance.
-        self.model.optimizer = self.runners[-1].optimizer
+        # The wrapped model, compiled as Keras would be, its optimizer a view of the stages'.
+        compile_keras_model(self, given, loss, metrics, loss_weights, weighted_metrics,
+                            auto_scale_loss=auto_scale_loss, run_eagerly=run_eagerly,
+                            jit_compile=jit_compile)
 
 
     # --- state ----------------------------------------------------------------------------
@@ -513,8 +546,10 @@ class PipelineModel:
             sample_weight: an array of one weight per example (arrays only), weighting
                 the loss and `compile`'s `weighted_metrics` as in Keras.
             initial_epoch: the epoch to start at (for resuming).
-            steps_per_epoch: mini-batches per epoch; needed when the dataset's length is
-                unknown. The data iterator then continues across epochs.
+            steps_per_epoch: mini-batches per epoch (the data iterator then continues
+                across epochs); needed for an infinite dataset or a generator. Without it
+                a `tf.data.Dataset` of unknown length (after `filter`) is counted by one
+                pass over it first, with a warning.
             validation_steps: None, or validate on only this many batches.
             validation_batch_size: the batch size of validation arrays (default
                 `batch_size`).
@@ -531,8 +566,8 @@ class PipelineModel:
 
         Raises:
             ValueError: before training, for bad arguments (`epochs`, `batch_size`, data
-                of mismatched lengths, a dataset of unknown length without
-                `steps_per_epoch`) or when `compile` was not called; during training,
+                of mismatched lengths, an infinite dataset without `steps_per_epoch`)
+                or when `compile` was not called; during training,
                 the first error of any stage or callback, re-raised with its traceback.
 
         A callback that sets `model.stop_training` (or a call of `request_stop`) ends
@@ -540,10 +575,12 @@ class PipelineModel:
         `on_epoch_end` runs for the shortened epoch (without validation) and `fit` returns.
         `epoch_progress` then says how far the epoch got.
         """
+        x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         self._require_compiled()
         several = is_multi_output(self.model)
         x, y, sample_weight = keras_data.standardize(
-            x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, several)
+            x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, several,
+            count=True)
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = keras_data.split_validation(
                 x, y, sample_weight, validation_split)
@@ -582,8 +619,12 @@ class PipelineModel:
         def validate(epoch):
             if not input_checks.validation_due(epoch, validation_freq):
                 return {}
-            return self._evaluate_logs(validation_data, validation_batch_size or batch_size,
-                                       steps=validation_steps)
+            callback_list.on_test_begin()  # as Keras' fit: evaluate(callbacks=callbacks)
+            per_batch = callback_list if has_test_batch_hooks(callbacks) else None
+            logs = self._evaluate_logs(validation_data, validation_batch_size or batch_size,
+                                       steps=validation_steps, callbacks=per_batch)
+            callback_list.on_test_end(logs)
+            return logs
 
         if self._train_logs is None:
             self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
@@ -635,6 +676,7 @@ class PipelineModel:
             ValueError: if `compile` was not called, for bad `batch_size` or `verbose`,
                 or data that does not fit the model (the message gives both shapes).
         """
+        x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         self._require_compiled()
         input_checks.check_verbose(verbose)
         input_checks.check_bool("return_dict", return_dict)
@@ -682,6 +724,7 @@ class PipelineModel:
             ValueError: if `compile` was not called, for bad `batch_size` or `verbose`,
                 or inputs that do not fit the model (the message gives both shapes).
         """
+        x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         runners = self._require_compiled()
         input_checks.check_verbose(verbose)
         input_checks.check_int("steps", steps, 1, none_ok=True)
@@ -692,7 +735,8 @@ class PipelineModel:
         self.copy_weights_to_stages()
         hooks = keras.callbacks.CallbackList(callbacks, model=self.model)
         hooks.on_predict_begin()
-        outputs = inference.collect_outputs(runners, ds, is_dataset, structure=self.model.output,
+        outputs = inference.collect_outputs(runners, ds, is_dataset,
+                                            structure=output_structure(self.model),
                                             callbacks=hooks)
         hooks.on_predict_end()
         return outputs

@@ -145,8 +145,10 @@ def _cuts_keeping_masks(model, num_stages):
     if len(keeping) < num_stages - 1:
         raise ValueError(
             f"Cannot cut model '{model.name}' into {num_stages} stages: only "
-            f"{len(keeping)} of its layers can end a stage without losing a Keras mask "
-            f"({keeping}; see tf_spectrain.partition.split_model). Use fewer stages."
+            f"{len(keeping)} of its layers can end a stage ({keeping}; a stage ends after "
+            "a layer whose outputs, and the Keras masks they carry, are all that later "
+            "layers need; see tf_spectrain.partition.split_model). Use at most "
+            f"{len(keeping) + 1} stage(s)."
         )
     return keeping
 

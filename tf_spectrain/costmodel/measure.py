@@ -42,12 +42,17 @@ def _median_seconds(fn, repeats):
     return statistics.median(times)
 
 
+OPEN_DIM_SIZE = 32
+"""The size a dimension the model leaves open (`keras.Input(shape=(None,))`) is timed at."""
+
+
 def _example_inputs(model, batch_size, seed):
-    """A random batch for each model input: normal floats, zeros for integer inputs."""
+    """A random batch for each model input: normal floats, zeros for integer inputs (an
+    open dimension, such as a sequence length, of size `OPEN_DIM_SIZE`)."""
     rng = np.random.default_rng(seed)
     values = []
     for t in model.inputs:
-        shape = (batch_size,) + tuple(t.shape[1:])
+        shape = (batch_size,) + _example_shape(t.shape[1:])
         dtype = tf.as_dtype(t.dtype)
         if dtype.is_floating:
             values.append(tf.constant(rng.normal(size=shape), dtype=dtype))
@@ -58,7 +63,13 @@ def _example_inputs(model, batch_size, seed):
 
 def _bytes_per_example(tensors):
     """Bytes per example of tensors (eager or symbolic) shaped `(batch, ...)`."""
-    return sum(int(np.prod(t.shape[1:])) * tf.as_dtype(t.dtype).size for t in tensors)
+    return sum(int(np.prod(_example_shape(t.shape[1:]))) * tf.as_dtype(t.dtype).size
+               for t in tensors)
+
+
+def _example_shape(shape):
+    """`shape` with every open (None) dimension of size `OPEN_DIM_SIZE`."""
+    return tuple(OPEN_DIM_SIZE if d is None else d for d in shape)
 
 
 def _check_timing(batch_size, repeats, warmup):

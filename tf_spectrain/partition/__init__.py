@@ -11,14 +11,21 @@ their layers (`graph.read_graph`), so cuts may name layers inside them.
   (`tf_spectrain.costmodel.auto_partition`).
 - `cuts_keeping_masks(model)`: the layers a cut may follow without losing a Keras mask
   (`split_model` refuses the others).
-- `place_stages(stages, devices)`: a copy of each stage on its device;
-  `copy_weights(src_models, dst_models)` copies weights back.
+- `place_stages(stages, devices)`: a copy of each stage on its device (layers that cannot
+  be rebuilt from their config are copied as objects, `layer_copy`);
+  `copy_weights(src_models, dst_models)` copies weights back; `check_stage_devices`
+  checks a list of stage devices before placing.
 """
 
 from tf_spectrain.partition.costs import COSTS, layer_costs
 from tf_spectrain.partition.cuts import default_cuts
 from tf_spectrain.partition.masks import cuts_keeping_masks
-from tf_spectrain.partition.placement import check_devices, copy_weights, place_stages
+from tf_spectrain.partition.placement import (
+    check_devices,
+    check_stage_devices,
+    copy_weights,
+    place_stages,
+)
 from tf_spectrain.partition.planner import plan_cuts
 from tf_spectrain.partition.stages import StageSpec, describe_stages, split_model
 
@@ -26,6 +33,7 @@ __all__ = [
     "COSTS",
     "StageSpec",
     "check_devices",
+    "check_stage_devices",
     "copy_weights",
     "cuts_keeping_masks",
     "default_cuts",

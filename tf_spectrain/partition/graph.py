@@ -252,9 +252,15 @@ _FLAT_MODELS = weakref.WeakKeyDictionary()
 _GRAPH_CALLS = (Functional.call, keras.Sequential.call)
 
 
+def runs_its_graph(model):
+    """Whether `model`'s `call` runs a graph of layers: a functional model or a Sequential
+    (built or not), not a subclassed model that overrides `call`."""
+    return isinstance(model, keras.Model) and type(model).call in _GRAPH_CALLS
+
+
 def _is_graph_model(op):
     """Whether `op` is a model whose call runs its functional graph (so it can be flattened)."""
-    if not isinstance(op, keras.Model) or type(op).call not in _GRAPH_CALLS:
+    if not runs_its_graph(op):
         return False
     try:
         return bool(op.inputs) and bool(op.outputs)

@@ -1,15 +1,20 @@
 """Put stage models on devices, and copy weights between stage copies.
 
 Keras 3 creates a variable on the device in scope when the layer builds, so a stage
-cloned under `tf.device(d)` keeps all its variables on `d`. The clones are independent
-of the original model: after training them, `copy_weights` writes their weights back
-into the shared-layer stages of `split_model`, and thereby into the original model.
+cloned under `tf.device(d)` keeps all its variables on `d`. Each layer is re-created from
+its config where that works, and otherwise copied as an object (`layer_copy.copy_layer`:
+custom layers need not be serialisable), its variables again created under `tf.device(d)`.
+(A stage whose clone from configs comes out with other weight shapes, from a config that
+leaves out an argument, is copied layer by layer instead.) The clones are independent of
+the original model: after training them, `copy_weights` writes their weights back into
+the shared-layer stages of `split_model`, and thereby into the original model.
 """
 
 import keras
 import tensorflow as tf
 
 from tf_spectrain.devices import existing_devices, logical_device_names
+from tf_spectrain.partition.layer_copy import copy_layer
 
 
 def place_stages(stages, devices):
@@ -17,7 +22,9 @@ def place_stages(stages, devices):
 
     Stage `k` is cloned with `keras.models.clone_model` under `tf.device(devices[k])`,
     so its variables (trainable and not) live on that device, and its current weights
-    are copied in.
+    are copied in. Layers are re-created from their configs where those round-trip, and
+    otherwise copied as objects (`layer_copy.copy_layer`), so the model need not be
+    serialisable.
 
     Args:
         stages: list of `keras.Model`s, for example from `split_model`.
@@ -33,25 +40,42 @@ def place_stages(stages, devices):
             cannot be parsed.
     """
     _check_models(stages, "stages")
+    check_stage_devices(devices, len(stages))
+    placed = []
+    for stage, device in zip(stages, devices):
+        with tf.device(device):
+            clone = keras.models.clone_model(stage, clone_function=_clone_layer)
+            if _weight_shapes(clone) != _weight_shapes(stage):  # a config missing arguments
+                clone = keras.models.clone_model(stage, clone_function=_copy_layer)
+        _copy_model_weights(stage, clone, index=len(placed))
+        placed.append(clone)
+    return placed
+
+
+def check_stage_devices(devices, num_stages):
+    """Checks that `devices` is a list of `num_stages` names of existing devices.
+
+    Args:
+        devices: what was given as the stages' devices.
+        num_stages: the number of stages.
+
+    Raises:
+        TypeError: if `devices` is not a list of strings.
+        ValueError: if it does not have one entry per stage, or a name cannot be parsed
+            or names no existing device.
+    """
     if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
         raise TypeError(
             "`devices` must be a list of device names, one per stage. "
             f"Received: devices={devices!r}"
         )
-    if len(devices) != len(stages):
+    if len(devices) != num_stages:
         raise ValueError(
-            f"`devices` must name one device per stage: there are {len(stages)} stages "
+            f"`devices` must name one device per stage: there are {num_stages} stages "
             f"but {len(devices)} devices. Received: devices={list(devices)}"
         )
     for device in devices:
         _check_device(device, devices)
-    placed = []
-    for stage, device in zip(stages, devices):
-        with tf.device(device):
-            clone = keras.models.clone_model(stage, clone_function=_clone_layer)
-        _copy_model_weights(stage, clone, index=len(placed))
-        placed.append(clone)
-    return placed
 
 
 def check_devices(devices):
@@ -68,8 +92,21 @@ def check_devices(devices):
         _check_device(device, devices)
 
 
+def _weight_shapes(model):
+    """The shapes of `model`'s weights, in order."""
+    return [tuple(w.shape) for w in model.weights]
+
+
+def _copy_layer(layer):
+    """A copy of `layer` as an object (`layer_copy`), never from its config."""
+    if isinstance(layer, keras.layers.Lambda):
+        return _clone_layer(layer)
+    return copy_layer(layer)
+
+
 def _clone_layer(layer):
-    """A fresh copy of `layer` (Keras' default), reusing a Lambda layer's Python function."""
+    """A fresh copy of `layer`: from its config (Keras' default) where that works, else
+    a copy of the layer object (`layer_copy`); a Lambda layer reuses its Python function."""
     # Re-creating a Lambda from its config would deserialise Python bytecode, which Keras
     # refuses in safe mode; the copy lives in the same process, so the function is reused.
     if isinstance(layer, keras.layers.Lambda):
@@ -82,7 +119,27 @@ def _clone_layer(layer):
             name=layer.name,
             dtype=layer.dtype_policy,
         )
-    return layer.__class__.from_config(layer.get_config())
+    try:
+        return layer.__class__.from_config(layer.get_config())
+    except Exception as config_error:  # no config, or one its __init__ does not take
+        # Custom layers often cannot round-trip their config (an __init__ without
+        # **kwargs, a layer or an array as an argument, no get_config): placing a stage
+        # must not need the model to be serialisable.
+        return _copy_or_explain(layer, config_error)
+
+
+def _copy_or_explain(layer, config_error):
+    """`copy_layer(layer)`, or a ValueError saying why neither way of copying worked."""
+    try:
+        return copy_layer(layer)
+    except Exception as copy_error:
+        raise ValueError(
+            f"Layer '{layer.name}' (class {type(layer).__name__}) cannot be copied onto "
+            f"its stage's device: rebuilding it from its config failed ({config_error!r}), "
+            f"and so did copying the layer object ({copy_error!r}). Give the layer a "
+            "get_config() whose entries its __init__ takes (pass **kwargs on to "
+            "super().__init__), or keep objects that cannot be copied out of it."
+        ) from copy_error
 
 
 def copy_weights(src_models, dst_models):

@@ -13,8 +13,9 @@ import time
 
 import keras
 
-from tf_spectrain import prediction, schedule
+from tf_spectrain import keras_fit, prediction, schedule
 from tf_spectrain.cluster import health
+from tf_spectrain.runtime.bookkeeping import NonFiniteLossError
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.state import op_lists
@@ -39,6 +40,16 @@ def _per_batch(callback):
         return False
     return any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
                for hook in _BATCH_HOOKS)
+
+
+def has_test_batch_hooks(callbacks):
+    """Whether any of the user's `callbacks` has test-batch hooks (TensorBoard's, say), which
+    validation then calls per batch with the running logs, as `keras.Model.fit` does."""
+    hooks = ("on_test_batch_begin", "on_test_batch_end")
+    return any(
+        any(hook in vars(c) or getattr(type(c), hook, None)
+            is not getattr(keras.callbacks.Callback, hook) for hook in hooks)
+        for c in callbacks or ())
 
 
 def window_size(setting, callbacks):
@@ -103,7 +114,7 @@ def learning_rate_reader(optimizer):
     own update count.
 
     Args:
-        optimizer: the last stage's optimizer (`model.optimizer`).
+        optimizer: the last stage's optimizer (`model.optimizer` shares its learning rate).
 
     Returns:
         A function of no arguments returning the learning rate as a float, or None for a
@@ -175,14 +186,20 @@ class FitLoop:
     def _epochs(self, initial_epoch, epochs, next_batches, validate):
         pipe, callbacks = self.pipeline, self.callbacks
         callbacks.on_train_begin()
+        # As Keras' fit: BackupAndRestore may have restored the model and its epoch.
+        initial_epoch = keras_fit.start_epoch(pipe, initial_epoch)
         logs = {}
         for epoch in range(initial_epoch, epochs):
             self.logs.reset()
             callbacks.on_epoch_begin(epoch)
-            if epoch > initial_epoch:
-                pipe.copy_weights_to_stages()  # callbacks may have set the model's weights
-            self._run_epoch(epoch, next_batches(epoch))
-            logs = self.logs.result()
+            pipe.copy_weights_to_stages()  # callbacks may have set the model's weights
+            try:
+                self._run_epoch(epoch, next_batches(epoch))
+                logs = self.logs.result()
+            except NonFiniteLossError:  # with TerminateOnNaN, fit ends as in Keras
+                logs = keras_fit.terminate_on_nan(callbacks, pipe.progress, self.logs.result())
+                if logs is None:
+                    raise
             cut_short = pipe.progress.epoch_progress[1] < self.num_batches
             if validate is not None and not cut_short:
                 logs.update({f"val_{k}": v for k, v in validate(epoch).items()})

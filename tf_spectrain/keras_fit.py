@@ -1,0 +1,57 @@
+"""What Keras' `fit` does around its callbacks, done the same way by the pipeline's epoch loop.
+
+- `start_epoch`: after `on_train_begin`, `fit` starts at the epoch `BackupAndRestore` restored
+  (Keras keeps it in the model's `_initial_epoch`), and every stage takes the optimizer state
+  it loaded into the wrapped model.
+- `terminate_on_nan`: with a `keras.callbacks.TerminateOnNaN`, a non-finite loss ends `fit`
+  as in Keras (the callback sees the batch's non-finite loss, sets `stop_training`, and
+  `fit` returns its History) instead of raising the pipeline's `NonFiniteLossError`.
+"""
+
+import keras
+
+from tf_spectrain import model_api
+
+__all__ = ["start_epoch", "terminate_on_nan"]
+
+
+def start_epoch(pipe, initial_epoch):
+    """The epoch a `fit` starts at, read after the callbacks' `on_train_begin` as Keras reads it.
+
+    Args:
+        pipe: the `PipelineModel`.
+        initial_epoch: `fit`'s `initial_epoch`.
+
+    Returns:
+        The epoch `BackupAndRestore` restored (Keras' `model._initial_epoch`), if any, else
+        `initial_epoch`. When one was restored, every stage takes the loaded optimizer state
+        (`model_api.after_load`).
+    """
+    restored = getattr(pipe.model, "_initial_epoch", None)
+    if restored:
+        model_api.after_load(pipe)
+    return restored or initial_epoch
+
+
+def terminate_on_nan(callbacks, progress, logs):
+    """Ends the epoch as Keras' `TerminateOnNaN` does, if one is among the callbacks.
+
+    Call it when the epoch stopped on a non-finite loss (`NonFiniteLossError`).
+
+    Args:
+        callbacks: the `keras.callbacks.CallbackList` of the `fit`.
+        progress: the pipeline's `runtime.state.Progress` (its `epoch_progress` says which
+            mini-batch is the first not yet reported: the non-finite one, or the first of
+            its window).
+        logs: the epoch's running logs so far (without the non-finite mini-batch).
+
+    Returns:
+        None without a `TerminateOnNaN` (the caller re-raises); else the epoch's logs, with
+        the loss NaN, after `on_train_batch_end` of that mini-batch has run (so the callback
+        set `model.stop_training`).
+    """
+    if not any(isinstance(c, keras.callbacks.TerminateOnNaN) for c in callbacks.callbacks):
+        return None
+    logs = dict(logs, loss=float("nan"))
+    callbacks.on_train_batch_end(progress.epoch_progress[1], logs)
+    return logs
