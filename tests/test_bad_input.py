@@ -155,7 +155,8 @@ FIT_CASES = [
     ("xy_lengths", dict(y=Y[:10]), ValueError, r"same number of examples.*16 and 10"),
     ("x_shape", dict(x=X[:, :4]), ValueError,
      r"expects inputs of shape \(None, 5\) but x has shape \(16, 4\)"),
-    ("x_rank3", dict(x=X[:, :, None]), ValueError, r"\(None, 5\) but x has shape \(16, 5, 1\)"),
+    ("x_rank4", dict(x=X[:, :, None, None]), ValueError,
+     r"\(None, 5\) but x has shape \(16, 5, 1, 1\)"),
     ("x_rank1", dict(x=X[:, 0]), ValueError, r"\(None, 5\) but x has shape \(16,\)"),
     ("x_strings", dict(x=np.full((N, FEATURES), "a")), ValueError, r"must hold numbers"),
     ("x_two_arrays", dict(x=[X, X]), ValueError, r"1 input\(s\) \['features'\].*2 items"),
@@ -280,7 +281,7 @@ def test_evaluate_rejects(pipe, kwargs, error, pattern):
 PREDICT_CASES = [
     ("x_shape", dict(x=X[:, :4]), ValueError,
      r"expects inputs of shape \(None, 5\) but x has shape \(16, 4\)"),
-    ("x_rank3", dict(x=X[:, :, None]), ValueError, r"x has shape \(16, 5, 1\)"),
+    ("x_rank4", dict(x=X[:, :, None, None]), ValueError, r"x has shape \(16, 5, 1, 1\)"),
     ("batch0", dict(batch_size=0), ValueError, r"batch_size=0"),
     ("x_none", dict(x=None), TypeError, r"x of type NoneType"),
     ("x_str", dict(x="abc"), TypeError, r"x of type str"),

@@ -243,6 +243,59 @@ def test_several_outputs_take_sample_weights_and_weighted_metrics_as_keras(data)
     assert_same_history(got, keras_model.fit(x, labels, **args))
 
 
+def test_a_dict_of_inputs_feeds_the_models_input_dict_by_its_keys_as_in_keras(data):
+    # As keras-io's structured-data example: the model's input dict holds a transformed
+    # tensor (Keras makes it an input named '...CLONE'), and data come by the dict's keys.
+    import tensorflow as tf
+
+    x, y, _ = data
+
+    def by_keys():
+        keras.utils.set_random_seed(4)
+        a = keras.Input((2,), name="a")
+        scaled = keras.layers.Rescaling(0.5)(keras.Input((4,), name="raw_b"))
+        inputs = {"b": scaled, "a": a}
+        h = keras.layers.Concatenate()([inputs["b"], a])
+        h = keras.layers.Dense(8, activation="tanh", name="d0")(h)
+        return keras.Model(inputs, keras.layers.Dense(CLASSES, activation="softmax")(h))
+
+    features = {"b": x[:, :4], "a": x[:, 4:]}
+    keras_model = by_keys()
+    pipe = PipelineModel(by_keys(), cuts=["d0"], devices=DEVICES, mode="sync")
+    for model in (keras_model, pipe):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_same_history(pipe.fit(features, y, **args), keras_model.fit(features, y, **args))
+    ds = tf.data.Dataset.from_tensor_slices((features, y)).batch(BATCH)
+    assert_same_history(pipe.fit(ds, epochs=1, verbose=0), keras_model.fit(ds, epochs=1, verbose=0))
+    one = {k: v[:1] for k, v in features.items()}
+    np.testing.assert_allclose(pipe.predict(one, verbose=0), keras_model.predict(one, verbose=0),
+                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(pipe.predict(ds, verbose=0), keras_model.predict(ds, verbose=0),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_a_missing_last_axis_of_one_is_added_as_keras_adds_it(data):
+    # keras-io's structured data: `Input(shape=(1,))` fed a column of shape (n,)
+    x, y, _ = data
+
+    def one_column():
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input((1,), name="age")
+        h = keras.layers.Dense(8, activation="tanh", name="d0")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(CLASSES, activation="softmax")(h))
+
+    keras_model = one_column()
+    pipe = PipelineModel(one_column(), cuts=["d0"], devices=DEVICES, mode="sync")
+    for model in (keras_model, pipe):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    column = x[:, 0]
+    assert_same_history(pipe.fit(column, y, **args), keras_model.fit(column, y, **args))
+    np.testing.assert_allclose(pipe.predict(column, verbose=0),
+                               keras_model.predict(column, verbose=0), rtol=RTOL, atol=ATOL)
+
+
 def weights_in_labels(y_and_w, probabilities):
     """The weighted sparse cross-entropy, the weights read from the labels' second column."""
     y, w = y_and_w[:, 0], y_and_w[:, 1]

@@ -57,10 +57,13 @@ def _labels_in_order(model, loss, ds):
 
     Labels given as a dict (by output name) or a list are mapped to that tuple; a tuple, or
     a model with one output, leaves the labels as they are. `(x, y, sample_weight)` batches
-    become `(x, y)` batches whose labels carry their weights.
+    become `(x, y)` batches whose labels carry their weights, and the inputs are made the
+    model's (`input_checks.model_inputs`: a dict by input name in the model's order).
     """
     if len(ds.element_spec) == 3:
         ds = ds.map(lambda x, y, w: (x, sample_weights.pack(y, w)))
+    if input_checks.changes_inputs(model, ds.element_spec[0]):  # a dict, or Keras' ranks
+        ds = ds.map(lambda x, y: (input_checks.model_inputs(model, x), y))
     labels, _ = sample_weights.unpack(ds.element_spec[1])
     if is_multi_output(model) and isinstance(labels, (dict, list)):
         def in_order(x, y):

@@ -10,6 +10,7 @@ Errors name the argument and give both shapes. Used by `tf_spectrain.input_check
 import numpy as np
 import tensorflow as tf
 
+from tf_spectrain import model_structure
 from tf_spectrain import outputs as outputs_lib
 
 
@@ -34,15 +35,26 @@ def _fits(expected, actual):
     )
 
 
+def _rank_adjusted(expected, actual):
+    """Whether Keras' functional models take `actual` for `expected` by adding or dropping
+    a last axis of 1 (`(None,)` data for a `(None, 1)` input, as Keras does)."""
+    if len(actual) == len(expected) - 1 and expected[-1] == 1:
+        return _fits(expected[:-1], actual)
+    if len(actual) == len(expected) + 1 and actual[-1] == 1:
+        return _fits(expected, actual[:-1])
+    return False
+
+
 def _input_parts(model, x, what):
     """`x` split into one part per model input: [(label, part, expected KerasTensor)]."""
     inputs = list(model.inputs)
-    names = [t.name for t in inputs]
+    names = input_names(model)
     if isinstance(x, dict):
-        if set(x) != set(names):
+        missing = [n for n in names if n not in x]
+        if missing:
             raise ValueError(
                 f"`{what}` is a dict, so its keys must be the names of the model's inputs "
-                f"{names}. Received keys: {sorted(x, key=str)}"
+                f"{names} (missing: {missing}). Received keys: {sorted(x, key=str)}"
             )
         return [(f"{what}['{n}']", x[n], t) for n, t in zip(names, inputs)]
     if isinstance(x, (list, tuple)):
@@ -62,6 +74,16 @@ def _input_parts(model, x, what):
     return [(what, x, inputs[0])]
 
 
+def input_names(model):
+    """The keys by which a dict of inputs feeds `model.inputs`, in that order, as in Keras:
+    the keys of the dict the model was built with (`keras.Model(inputs={...})`, its inputs
+    in sorted key order), else the input tensors' names."""
+    structure = model_structure.input_structure(model)
+    if isinstance(structure, dict):
+        return sorted(structure)
+    return [t.name for t in model.inputs]
+
+
 def model_inputs(model, x):
     """Checked input arrays as the stages take them: one array, or a tuple in input order.
 
@@ -72,13 +94,35 @@ def model_inputs(model, x):
         x: one array per model input (a single one, a list/tuple or a dict by input name).
 
     Returns:
-        `x`'s single array, or a tuple of its arrays in the order of `model.inputs`.
+        `x`'s single array, or a tuple of its arrays in the order of `model.inputs`, each
+        given a last axis of 1 the model's input has and it lacks (or the reverse), as
+        Keras' functional models do.
 
     Raises:
         ValueError: if `x` does not hold one array per model input.
     """
-    parts = tuple(part for _, part, _ in _input_parts(model, x, "x"))
+    parts = tuple(_as_input_rank(part, tuple(expected.shape))
+                  for _, part, expected in _input_parts(model, x, "x"))
     return parts[0] if len(parts) == 1 else parts
+
+
+def changes_inputs(model, x):
+    """Whether `model_inputs` changes `x` (arrays or a dataset's TensorSpecs): a dict to
+    put in order, or an input whose last axis of 1 Keras adds or drops."""
+    if isinstance(x, dict):
+        return True
+    return any(_shape(part) is not None and not _fits(tuple(expected.shape), _shape(part))
+               for _, part, expected in _input_parts(model, x, "x"))
+
+
+def _as_input_rank(part, expected):
+    """`part` (an array or tensor) with the last axis of 1 added or dropped that Keras'
+    functional models add or drop (`_rank_adjusted`), so that the stages see the inputs'
+    own rank."""
+    shape = _shape(part)
+    if shape is None or _fits(expected, shape) or not _rank_adjusted(expected, shape):
+        return part
+    return part[..., None] if len(shape) < len(expected) else part[..., 0]
 
 
 def _label_parts(model, y, what, from_dataset=False):
@@ -157,7 +201,7 @@ def check_inputs(model, x, what="x", from_dataset=False):
                 f"inputs). Received: {label} of type {type(part).__name__}"
             )
         want, got = tuple(expected.shape), _shape(part)
-        if got is not None and not _fits(want, got):
+        if got is not None and not _fits(want, got) and not _rank_adjusted(want, got):
             if from_dataset:
                 source = f"the dataset `{what}` yields {'inputs' if label == what else label} of"
             else:

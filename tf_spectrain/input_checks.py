@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
 from tf_spectrain.data_checks import (
+    changes_inputs,
     check_data,
     check_inputs,
     check_predict_dataset,
@@ -23,6 +24,7 @@ from tf_spectrain.data_checks import (
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "changes_inputs",
     "check_bool",
     "check_data",
     "check_fit_args",

@@ -163,7 +163,7 @@ def predict_dataset(model, x, batch_size):
     is_dataset = isinstance(x, tf.data.Dataset)
     if is_dataset:
         input_checks.check_predict_dataset(model, x)
-        ds = x
+        ds = _model_inputs(model, x)
     else:
         bs = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         input_checks.check_int("batch_size", bs, 1)
@@ -173,12 +173,24 @@ def predict_dataset(model, x, batch_size):
     return ds, is_dataset
 
 
+def _model_inputs(model, ds):
+    """A dataset of inputs or `(x, y[, w])` batches as `(inputs, ...)` batches, the inputs
+    the model's (`input_checks.model_inputs`: a dict by input name in the model's order)."""
+    spec = ds.element_spec
+    labelled = isinstance(spec, tuple) and len(spec) in (2, 3)
+    if not input_checks.changes_inputs(model, spec[0] if labelled else spec):
+        return ds
+    if labelled:
+        return ds.map(lambda x, *rest: (input_checks.model_inputs(model, x), *rest))
+    return ds.map(lambda *x: (input_checks.model_inputs(model, x[0] if len(x) == 1 else x),))
+
+
 def _predict_inputs(is_dataset):
     """The `split` of `predict`: a batch's inputs; `(x, y[, w])` batches give their `x`."""
 
     def split(element):
-        if is_dataset and isinstance(element, tuple) and len(element) in (2, 3):
-            element = element[0]  # (x, y) or (x, y, sample_weight), as in Keras
+        if is_dataset and isinstance(element, tuple) and len(element) in (1, 2, 3):
+            element = element[0]  # (x,), (x, y) or (x, y, sample_weight), as in Keras
         return as_list(element), None
 
     return split
