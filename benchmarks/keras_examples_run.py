@@ -140,6 +140,9 @@ def record_fits(classes, histories, path):
                 histories.append(_jsonable_history(history))
                 with open(path, "w", encoding="utf-8") as f:
                     json.dump(histories, f)
+                if getattr(self, "num_stages", None):  # a pipeline: how it was cut
+                    with open(path + ".stages", "w", encoding="utf-8") as f:
+                        f.write(str(self.num_stages))
             return history
 
         return fit
@@ -188,7 +191,8 @@ def run_script(name, mode, timeout=TIMEOUT):
     Returns:
         A record: `script`, `mode`, `ran` (bool), `error` (the last line of the
         child's stderr, or "" if it ran), `wall_s`, `histories` (one dict per `fit`),
-        `final_loss` (NaN without one), `stderr_tail`.
+        `final_loss` (NaN without one), `stages` (the pipeline's number of stages at its
+        last `fit`, None for Keras), `stderr_tail`.
     """
     with open(script_path(name), encoding="utf-8") as f:
         source = script_for_mode(f.read(), mode)
@@ -212,10 +216,13 @@ def run_script(name, mode, timeout=TIMEOUT):
             returncode = None
             stderr = _text(e.stderr) + f"\nTimeoutExpired: killed after {timeout} s"
         wall = time.perf_counter() - start
-        histories = []
+        histories, stages = [], None
         if os.path.exists(record_path):
             with open(record_path, encoding="utf-8") as f:
                 histories = json.load(f)
+        if os.path.exists(record_path + ".stages"):
+            with open(record_path + ".stages", encoding="utf-8") as f:
+                stages = int(f.read())
     ran = returncode == 0
     final = histories[-1].get("loss", []) if histories else []
     return {
@@ -224,6 +231,7 @@ def run_script(name, mode, timeout=TIMEOUT):
         "ran": ran,
         "error": "" if ran else _last_line(stderr) or f"exit status {returncode}",
         "wall_s": round(wall, 2),
+        "stages": stages,
         "histories": histories,
         "final_loss": final[-1] if final else math.nan,
         "stderr_tail": "" if ran else stderr[-4000:],
@@ -291,12 +299,13 @@ def results_table(records, rtol=RTOL):
     for r in records:
         loss = "-" if math.isnan(r["final_loss"]) else f"{r['final_loss']:.4f}"
         rows.append([
-            r["script"], r["mode"], "yes" if r["ran"] else "no", f"{r['wall_s']:.1f}", loss,
+            r["script"], r["mode"], r.get("stages") or "-", "yes" if r["ran"] else "no",
+            f"{r['wall_s']:.1f}", loss,
             history_check(r, keras_runs.get(r["script"]), rtol) or "-",
             _cell(r["error"]),
         ])
-    header = ["script", "mode", "ran", "wall s", "final loss", "History = Keras (sync)",
-              "error (last line)"]
+    header = ["script", "mode", "stages", "ran", "wall s", "final loss",
+              "History = Keras (sync)", "error (last line)"]
     return common.markdown_table(header, rows)
 
 
