@@ -95,6 +95,14 @@ def test_class_weight_becomes_sample_weights_as_in_keras(data):
     assert_same_weights(pipe, keras_model)
 
 
+def test_class_weight_weights_only_the_training_part_of_validation_split_as_keras(data):
+    x, y, _ = data
+    keras_model, pipe = both()
+    args = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_split=0.25,
+                class_weight={0: 0.2, 1: 3.0, 2: 1.0})
+    assert_same_history(pipe.fit(x, y, **args), keras_model.fit(x, y, **args))
+
+
 @pytest.mark.parametrize("options", [
     dict(micro_batches=2),
     dict(replicas=2, devices=["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]),

@@ -107,6 +107,22 @@ def test_early_stopping_stops_at_keras_epoch_and_restores_its_best_weights():
                                rtol=RTOL, atol=1e-6)
 
 
+def test_callbacks_monitoring_a_metric_find_its_direction_as_in_keras(tmp_path):
+    # mode="auto" on "val_accuracy": Keras reads the direction from the compiled metric.
+    def callbacks(tag):
+        return [keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=1),
+                keras.callbacks.ModelCheckpoint(str(tmp_path / f"{tag}.keras"),
+                                                monitor="val_accuracy", save_best_only=True)]
+
+    made = {}
+    _, _, got, expected = fit_both(lambda tag: made.setdefault(tag, callbacks(tag)), epochs=6,
+                                   compiled=hot_sgd)
+    assert_same_history(got, expected)
+    for ours, theirs in zip(made["pipe"], made["keras"]):
+        assert ours.monitor_op == theirs.monitor_op and ours.best == theirs.best
+    assert made["pipe"][0].stopped_epoch == made["keras"][0].stopped_epoch
+
+
 @pytest.mark.parametrize("kind", ["plateau", "scheduler"])
 def test_learning_rate_callbacks_set_every_stages_rate_as_keras_sets_it(kind):
     def callbacks(tag):

@@ -526,3 +526,87 @@ def test_a_model_with_fewer_places_to_cut_than_devices_gets_fewer_stages_with_a_
     assert pipe.num_stages == 3 and pipe.cuts == ["lstm", "dense"]
     with pytest.raises(ValueError, match=r"into 4 stages: only 2 of its layers.*at most 3"):
         tf_spectrain.PipelineModel(lstm_sequential(), num_stages=4)  # asked for: refused
+
+
+def test_adapted_preprocessing_layers_keep_their_state_on_the_stages():
+    # keras.io's regression and structured-data tutorials: Normalization and StringLookup
+    # adapted before the model is built; their stage copies must not start un-adapted.
+    rng = np.random.default_rng(0)
+    numbers = (rng.normal(size=(40, 1)) * 10 + 50).astype("float32")
+    words = tf.constant(rng.choice(["cat", "dog", "fish", "bird"], size=(40, 1)))
+    norm = layers.Normalization(name="norm")
+    norm.adapt(numbers)
+    lookup = layers.StringLookup(output_mode="one_hot", name="lookup")
+    lookup.adapt(words)
+    keras.utils.set_random_seed(1)
+    number_in = keras.Input((1,), name="number")
+    word_in = keras.Input((1,), dtype="string", name="word")
+    h = layers.Concatenate(name="both")([norm(number_in), lookup(word_in)])
+    h = layers.Dense(4, activation="tanh", name="d0")(h)
+    model = keras.Model([number_in, word_in], layers.Dense(1, name="out")(h))
+    expected = model.predict([numbers, words], verbose=0)
+    pipe = tf_spectrain.PipelineModel(model, cuts=["both"], devices=["/CPU:0", "/CPU:1"],
+                                      mode="sync")
+    pipe.compile(optimizer=sgd(), loss="mse")
+    np.testing.assert_allclose(pipe.predict([numbers, words], verbose=0), expected,
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_unfreezing_a_base_model_and_compiling_again_fine_tunes_as_keras():
+    # keras.io's transfer-learning recipe: train a head on a frozen base, then set
+    # base.trainable = True, compile again and fine-tune the whole model.
+    x, y = regression_data()
+
+    def frozen_base():
+        keras.utils.set_random_seed(8)
+        base_in = keras.Input((6,))
+        h = layers.Dense(8, activation="tanh", name="b0")(base_in)
+        base = keras.Model(base_in, layers.Dense(8, activation="tanh", name="b1")(h),
+                           name="base")
+        base.trainable = False
+        inputs = keras.Input((6,))
+        h = base(inputs, training=False)
+        return keras.Model(inputs, layers.Dense(1, name="head")(h)), base
+
+    results = []
+    for wrap in (False, True):
+        model, base = frozen_base()
+        trainer = tf_spectrain.PipelineModel(
+            model, cuts=["b0", "b1"], mode="sync", devices=["/CPU:0", "/CPU:1", "/CPU:2"]
+        ) if wrap else model
+        histories = []
+        for _ in range(2):
+            trainer.compile(optimizer=sgd(), loss="mse")
+            histories.append(trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                                         verbose=0).history["loss"])
+            base.trainable = True
+        results.append((histories, [w.copy() for w in model.get_weights()]))
+    (keras_losses, keras_weights), (pipe_losses, pipe_weights) = results
+    np.testing.assert_allclose(pipe_losses, keras_losses, rtol=RTOL)
+    for a, b in zip(pipe_weights, keras_weights):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_sequential_with_a_mask_trains_as_keras():
+    # The TensorFlow text-classification tutorial: a Sequential of Embedding(mask_zero=True)
+    # and pooling; Keras adds the mask's not_equal op beside the layers.
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 20, size=(40, 7)).astype("int32")
+    tokens[:, 5:] = 0  # padding
+    y = rng.normal(size=(40, 1)).astype("float32")
+
+    def masked():
+        keras.utils.set_random_seed(9)
+        return keras.Sequential([keras.Input((7,), dtype="int32"),
+                                 layers.Embedding(20, 4, mask_zero=True, name="emb"),
+                                 layers.GlobalAveragePooling1D(name="pool"),
+                                 layers.Dense(1, name="out")])
+
+    reference = masked()
+    reference.compile(optimizer=sgd(), loss="mse")
+    pipe = tf_spectrain.PipelineModel(masked(), cuts=["pool"], mode="sync",
+                                      devices=["/CPU:0", "/CPU:1"])
+    pipe.compile(optimizer=sgd(), loss="mse")
+    args = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(pipe.fit(tokens, y, **args).history["loss"],
+                               reference.fit(tokens, y, **args).history["loss"], rtol=RTOL)

@@ -252,3 +252,36 @@ def standardize_validation(validation_data, multi_output=False):
     x, y, weights = unpack(tuple(validation_data))
     x, y, weights = standardize(x, y, weights, multi_output=multi_output)
     return x if isinstance(x, tf.data.Dataset) else (x, y, weights)
+
+
+def fit_data(x, y, sample_weight, batch_size, steps, shuffle, class_weight, validation_split,
+             validation_data, multi_output=False):
+    """`fit`'s data as Keras prepares them, in Keras' order: the arrays standardised, the
+    last `validation_split` of them set aside, then `class_weight` turned into the training
+    part's sample weights (the validation part is not weighted by class, as in Keras).
+
+    Args:
+        x, y, sample_weight, batch_size, steps, shuffle, class_weight, validation_split,
+            validation_data: `fit`'s arguments (`steps` its `steps_per_epoch`).
+        multi_output: whether the model has several outputs.
+
+    Returns:
+        `(x, y, sample_weight, validation_data)`, as `standardize` and
+        `standardize_validation` give them.
+
+    Raises:
+        TypeError, ValueError: as Keras raises for such data and arguments.
+    """
+    arrays = not isinstance(x, tf.data.Dataset) and x is not None and is_arrays(
+        x, y, sample_weight)
+    x, y, sample_weight = standardize(
+        x, y, sample_weight, batch_size, steps, shuffle,
+        None if arrays else class_weight, multi_output, count=True)
+    if validation_split and validation_data is None:
+        (x, y, sample_weight), validation_data = split_validation(
+            x, y, sample_weight, validation_split)
+    if arrays and y is not None:
+        sample_weight = class_sample_weights(y, class_weight, sample_weight, multi_output)
+    if validation_data is not None:
+        validation_data = standardize_validation(validation_data, multi_output)
+    return x, y, sample_weight, validation_data

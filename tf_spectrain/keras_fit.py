@@ -3,6 +3,9 @@
 - `start_epoch`: after `on_train_begin`, `fit` starts at the epoch `BackupAndRestore` restored
   (Keras keeps it in the model's `_initial_epoch`), and every stage takes the optimizer state
   it loaded into the wrapped model.
+- `build_metrics`: Keras' `fit` builds the model's compiled metrics at its first step, before
+  the callbacks look at them; `EarlyStopping(monitor="val_accuracy")` (mode "auto") reads
+  each metric's direction there.
 - `terminate_on_nan`: with a `keras.callbacks.TerminateOnNaN`, a non-finite loss ends `fit`
   as in Keras (the callback sees the batch's non-finite loss, sets `stop_training`, and
   `fit` returns its History) instead of raising the pipeline's `NonFiniteLossError`.
@@ -10,9 +13,26 @@
 
 import keras
 
-from tf_spectrain import model_api
+from tf_spectrain import model_api, model_structure
 
-__all__ = ["start_epoch", "terminate_on_nan"]
+__all__ = ["build_metrics", "start_epoch", "terminate_on_nan"]
+
+
+def build_metrics(model, labels):
+    """Builds the wrapped model's compiled metrics for labels of these specs, once.
+
+    Args:
+        model: the wrapped (compiled) Keras model.
+        labels: the labels' `tf.TensorSpec`s, as the pipeline feeds them (one per output).
+    """
+    metrics = getattr(model, "_compile_metrics", None)  # Keras keeps them there
+    if metrics is None or metrics.built:
+        return
+    outputs = model_structure.output_structure(model)
+    y_true = keras.tree.map_structure(lambda s: keras.KerasTensor(s.shape, s.dtype), labels)
+    if isinstance(outputs, dict) and isinstance(y_true, (list, tuple)):
+        y_true = dict(zip(sorted(outputs), y_true))  # labels come in output order
+    metrics.build(y_true, outputs)
 
 
 def start_epoch(pipe, initial_epoch):

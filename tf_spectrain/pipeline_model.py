@@ -23,8 +23,10 @@ from tf_spectrain import (
     deferred_build,
     input_checks,
     keras_data,
+    keras_fit,
     modes,
     partition,
+    sample_weights,
     user_models,
 )
 from tf_spectrain import devices as devices_lib
@@ -394,6 +396,8 @@ class PipelineModel(ModelAPI):
         self.steps_per_execution = steps_per_execution
         self._train_logs = None  # the TrainLogs of every fit, made at the first
         self._windows = None  # the traced window graphs, for those logs
+        for stages in self.replica_stages:  # `trainable` set since, as Keras' compile takes it
+            partition.copy_trainable(self._split, stages)
         self.replica_runners = [
             build_runners(stages, devices, self.plans, optimizer, self.loss)
             for stages, devices in zip(self.replica_stages, self.replica_devices)
@@ -578,14 +582,9 @@ class PipelineModel(ModelAPI):
         x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         self._require_compiled()
         several = is_multi_output(self.model)
-        x, y, sample_weight = keras_data.standardize(
-            x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, several,
-            count=True)
-        if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = keras_data.split_validation(
-                x, y, sample_weight, validation_split)
-        if validation_data is not None:
-            validation_data = keras_data.standardize_validation(validation_data, several)
+        x, y, sample_weight, validation_data = keras_data.fit_data(
+            x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight,
+            validation_split, validation_data, several)
         input_checks.check_fit_args(
             self.model, self.loss, x=x, y=y, batch_size=batch_size, epochs=epochs,
             verbose=verbose, callbacks=callbacks, validation_data=validation_data,
@@ -598,6 +597,9 @@ class PipelineModel(ModelAPI):
             self.model, self.loss, x, y, batch_size, shuffle, steps_per_epoch,
             self.micro_batches, sample_weight=sample_weight,
         )
+        # As Keras' first step: callbacks monitoring a metric read its direction there.
+        labels = sample_weights.unpack(feed.dataset.element_spec[1])[0]
+        keras_fit.build_metrics(self.model, labels)
         for runner in self.all_runners:
             runner.skip_non_finite = on_nan == "skip"
         for callback in callbacks or ():

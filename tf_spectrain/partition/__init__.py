@@ -23,6 +23,7 @@ from tf_spectrain.partition.masks import cuts_keeping_masks
 from tf_spectrain.partition.placement import (
     check_devices,
     check_stage_devices,
+    copy_trainable,
     copy_weights,
     place_stages,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "StageSpec",
     "check_devices",
     "check_stage_devices",
+    "copy_trainable",
     "copy_weights",
     "cuts_keeping_masks",
     "default_cuts",

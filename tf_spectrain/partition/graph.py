@@ -493,7 +493,10 @@ def _model_parts(model):
                 "split yet. Start it with a keras.Input(shape) or call "
                 "model.build(input_shape) first."
             ) from e
-        return list(inputs), list(outputs), list(model.layers)
+        # Its graph lists the operations Keras adds beside the layers (a mask's not_equal).
+        functional = getattr(model, "_functional", None)  # noqa: SLF001 - no public one
+        order = functional.operations if functional is not None else model.layers
+        return list(inputs), list(outputs), list(order)
     if not hasattr(model, "operations") or getattr(model, "inputs", None) is None:
         raise ValueError(
             f"Model '{model.name}' of type {type(model).__name__} has no functional "

@@ -48,8 +48,41 @@ def place_stages(stages, devices):
             if _weight_shapes(clone) != _weight_shapes(stage):  # a config missing arguments
                 clone = keras.models.clone_model(stage, clone_function=_copy_layer)
         _copy_model_weights(stage, clone, index=len(placed))
+        _copy_adapted_state(stage, clone)
         placed.append(clone)
     return placed
+
+
+def copy_trainable(src_models, dst_models):
+    """Makes every layer of each destination model trainable as its source's layer is.
+
+    Keras applies `layer.trainable = ...` at the next `compile` (transfer learning
+    unfreezes a base model, then compiles again); `PipelineModel.compile` passes the
+    wrapped model's flags to the stage copies with this.
+
+    Args:
+        src_models: the models whose flags count (`split_model`'s, sharing the layers of
+            the wrapped model).
+        dst_models: their copies (`place_stages`'), of the same architectures.
+    """
+    for src, dst in zip(src_models, dst_models):
+        pairs = zip(src._flatten_layers(), dst._flatten_layers())  # noqa: SLF001
+        for source, target in pairs:  # containers first, then what they hold
+            if source is not target and target.trainable != source.trainable:
+                target.trainable = source.trainable
+
+
+def _copy_adapted_state(src, dst):
+    """Gives preprocessing layers of `dst` the state `adapt` left in `src`'s, which their
+    variables alone do not carry: a lookup's vocabulary (as Keras' saving restores it), and
+    what `finalize_state` derives from the variables (`Normalization`'s mean and variance)."""
+    for source, target in zip(src._flatten_layers(), dst._flatten_layers()):  # noqa: SLF001
+        if source is target:
+            continue
+        if hasattr(source, "get_vocabulary") and hasattr(target, "set_vocabulary"):
+            target.set_vocabulary(source.get_vocabulary())
+        elif hasattr(target, "finalize_state") and target.built:
+            target.finalize_state()
 
 
 def check_stage_devices(devices, num_stages):
