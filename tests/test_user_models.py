@@ -610,3 +610,51 @@ def test_sequential_with_a_mask_trains_as_keras():
     args = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     np.testing.assert_allclose(pipe.fit(tokens, y, **args).history["loss"],
                                reference.fit(tokens, y, **args).history["loss"], rtol=RTOL)
+
+
+def test_predict_before_compile_and_summary_before_the_first_data_as_keras(capsys):
+    # keras.io's regression tutorial predicts with the untrained model before compiling it,
+    # and prints the summary of a Sequential that its first data will build.
+    x, _ = regression_data()
+    pipe = tf_spectrain.PipelineModel(unbuilt_sequential(), cuts=["d0", "d1"], mode="sync")
+    pipe.summary()
+    assert "cut at the first fit" in capsys.readouterr().out
+    ref = unbuilt_sequential()
+    np.testing.assert_allclose(pipe.predict(x[:5], verbose=0), ref.predict(x[:5], verbose=0),
+                               rtol=RTOL, atol=ATOL)
+    pipe.summary()
+    assert "3 stages (sync)" in capsys.readouterr().out
+
+
+class ActivityPenalty(layers.Layer):
+    """keras.io's subclassing guide: a layer that adds a loss in `call`, no get_config."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def call(self, inputs):
+        self.add_loss(self.rate * keras.ops.sum(inputs))
+        return inputs
+
+
+def test_a_layer_adding_a_loss_without_a_config_is_copied_and_trains_as_keras():
+    x, y = regression_data()
+
+    def penalised():
+        keras.utils.set_random_seed(12)
+        inputs = keras.Input((6,))
+        h = layers.Dense(8, activation="tanh", name="d0")(inputs)
+        h = ActivityPenalty(1e-2)(h)
+        return keras.Model(inputs, layers.Dense(1, name="out")(h))
+
+    reference = penalised()
+    reference.compile(optimizer=sgd(), loss="mse")
+    model = penalised()
+    tf.function(model)(x[:2])  # called in a graph, as profiling does: its losses stay there
+    pipe = tf_spectrain.PipelineModel(model, cuts=["d0"], mode="sync",
+                                      devices=["/CPU:0", "/CPU:1"])
+    pipe.compile(optimizer=sgd(), loss="mse")
+    args = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(pipe.fit(x, y, **args).history["loss"],
+                               reference.fit(x, y, **args).history["loss"], rtol=RTOL)

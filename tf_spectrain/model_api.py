@@ -196,6 +196,10 @@ class ModelAPI:
         """Prints the wrapped model's summary (`keras.Model.summary`), then one line on the
         pipeline: its mode, stages, devices and cuts."""
         self.model.summary(*args, print_fn=print_fn, **kwargs)
+        if self.stages is None:  # a Sequential without an Input: cut at its first data
+            (print_fn or print)(f"Pipeline ({self.mode}): cut at the first fit, evaluate or "
+                                "predict, once the data have built the model")
+            return
         (print_fn or print)(
             f"Pipeline: {self.num_stages} stages ({self.mode}) on {', '.join(self.devices)}, "
             f"cut after {', '.join(self.cuts) or 'nothing'}"

@@ -261,6 +261,7 @@ class PipelineModel(ModelAPI):
             for k in range(self.num_stages)
         ]
         self.runners = None
+        self._uncompiled_runners = None  # predict's, before compile
         self.optimizer = None
         self._evaluator = None
 
@@ -642,6 +643,13 @@ class PipelineModel(ModelAPI):
             feed.close()
         return history
 
+    def _forward_runners(self):
+        """The stages' runners for `predict` before `compile` (their optimizers unused)."""
+        if self._uncompiled_runners is None:
+            self._uncompiled_runners = build_runners(
+                self.stages, self.devices, self.plans, keras.optimizers.SGD(), None)
+        return self._uncompiled_runners
+
     def _evaluate_logs(self, data, batch_size, names=None, steps=None, callbacks=None):
         """Loss and metrics on `data` through the stages (see `runtime.inference`)."""
         if self._evaluator is None:
@@ -723,11 +731,13 @@ class PipelineModel(ModelAPI):
 
         Raises:
             TypeError: if `x` is not arrays or a dataset.
-            ValueError: if `compile` was not called, for bad `batch_size` or `verbose`,
-                or inputs that do not fit the model (the message gives both shapes).
+            ValueError: for bad `batch_size` or `verbose`, or inputs that do not fit the
+                model (the message gives both shapes).
+
+        As in Keras, `predict` works before `compile`.
         """
         x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
-        runners = self._require_compiled()
+        runners = self.runners or self._forward_runners()  # Keras predicts before compile
         input_checks.check_verbose(verbose)
         input_checks.check_int("steps", steps, 1, none_ok=True)
         x, _, _ = keras_data.standardize(x, batch_size=batch_size, steps=steps)

@@ -33,6 +33,9 @@ from keras.src.saving.keras_saveable import KerasSaveable
 from keras.src.utils.tracking import DotNotTrackScope
 
 _NODE_LISTS = ("_inbound_nodes", "_outbound_nodes")
+# The losses of the layer's last call (`add_loss`): tensors of that call's graph, which
+# cannot be copied and which Keras clears at the next call.
+_CALL_LOSSES = {"_losses": list, "_loss_ids": set}
 
 
 def copy_layer(layer):
@@ -70,6 +73,9 @@ def copy_layer(layer):
             # A call of the graph around the layer, not of a graph inside it: left out.
             if nodes is not None and not all(id(n) in internal for n in nodes):
                 memo[id(nodes)] = []
+        for attr, empty in _CALL_LOSSES.items():
+            if attr in vars(obj):
+                memo[id(vars(obj)[attr])] = empty()
     # Rebuilding Keras' tracked lists would re-track their items into half-copied stores.
     with DotNotTrackScope():
         for obj in objects:
