@@ -358,3 +358,13 @@ def test_bad_data_arguments_are_refused_before_training_naming_the_value(data, a
     with pytest.raises(error, match=words.replace("(", r"\(").replace("[", r"\[")):
         pipe.fit(x, y, batch_size=BATCH, verbose=0, **args)
     assert pipe.progress.images_seen == 0
+
+
+def test_wrapping_a_model_leaves_numpys_global_generator_as_keras_leaves_it():
+    # keras.io's functional-API guide draws its data with np.random after building the model
+    keras.utils.set_random_seed(5)
+    model = mlp()
+    state = np.random.get_state()
+    PipelineModel(model, cuts=["d0"], devices=DEVICES, mode="sync")
+    after = np.random.get_state()
+    assert state[2] == after[2] and np.array_equal(state[1], after[1])

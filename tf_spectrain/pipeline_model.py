@@ -215,8 +215,11 @@ class PipelineModel(ModelAPI):
             self._unbuilt.place()
         self.progress = Progress()
         self._loop = None  # the FitLoop of a `fit` in progress
-        # Drawn from NumPy's global generator, so keras.utils.set_random_seed fixes it.
-        self.shuffle_seed = int(np.random.randint(0, 2**31 - 1))
+        # From the state of NumPy's global generator, so keras.utils.set_random_seed fixes
+        # it, without drawing from it: a script's later np.random data stay Keras'.
+        keys, position = np.random.get_state()[1:3]
+        self.shuffle_seed = int(np.random.default_rng([*keys[:8].tolist(), position])
+                                .integers(0, 2**31 - 1))
         self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
 
     def _place(self, cuts, devices, profile_batch_size, memory_limit, link_bandwidth):
