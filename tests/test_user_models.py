@@ -612,18 +612,19 @@ def test_sequential_with_a_mask_trains_as_keras():
                                reference.fit(tokens, y, **args).history["loss"], rtol=RTOL)
 
 
-def test_predict_before_compile_and_summary_before_the_first_data_as_keras(capsys):
+@pytest.mark.parametrize("mode", ["sync", "spectrain"])
+def test_predict_before_compile_and_summary_before_the_first_data_as_keras(capsys, mode):
     # keras.io's regression tutorial predicts with the untrained model before compiling it,
     # and prints the summary of a Sequential that its first data will build.
     x, _ = regression_data()
-    pipe = tf_spectrain.PipelineModel(unbuilt_sequential(), cuts=["d0", "d1"], mode="sync")
+    pipe = tf_spectrain.PipelineModel(unbuilt_sequential(), cuts=["d0", "d1"], mode=mode)
     pipe.summary()
     assert "cut at the first fit" in capsys.readouterr().out
     ref = unbuilt_sequential()
     np.testing.assert_allclose(pipe.predict(x[:5], verbose=0), ref.predict(x[:5], verbose=0),
                                rtol=RTOL, atol=ATOL)
     pipe.summary()
-    assert "3 stages (sync)" in capsys.readouterr().out
+    assert f"3 stages ({mode})" in capsys.readouterr().out
 
 
 class ActivityPenalty(layers.Layer):

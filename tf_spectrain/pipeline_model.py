@@ -649,8 +649,11 @@ class PipelineModel(ModelAPI):
     def _forward_runners(self):
         """The stages' runners for `predict` before `compile` (their optimizers unused)."""
         if self._uncompiled_runners is None:
+            unused = keras.optimizers.SGD()
+            if self.mode == "spectrain":
+                unused = SpecTrain(unused)
             self._uncompiled_runners = build_runners(
-                self.stages, self.devices, self.plans, keras.optimizers.SGD(), None)
+                self.stages, self.devices, self.plans, unused, None)
         return self._uncompiled_runners
 
     def _evaluate_logs(self, data, batch_size, names=None, steps=None, callbacks=None):
