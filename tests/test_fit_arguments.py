@@ -368,3 +368,22 @@ def test_wrapping_a_model_leaves_numpys_global_generator_as_keras_leaves_it():
     PipelineModel(model, cuts=["d0"], devices=DEVICES, mode="sync")
     after = np.random.get_state()
     assert state[2] == after[2] and np.array_equal(state[1], after[1])
+
+
+def test_wrapping_a_model_leaves_pythons_random_state_so_the_next_model_is_keras(data):
+    # keras.io's regression tutorial builds and trains a second model after the first: its
+    # initial weights come from Keras' default seeds, drawn from Python's `random`.
+    def first():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="a"),
+                                 keras.layers.Dense(2, name="b")])
+
+    def second():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).get_weights()
+
+    keras.utils.set_random_seed(5)
+    first()
+    expected = second()
+    keras.utils.set_random_seed(5)
+    PipelineModel(first(), cuts=["a"], devices=DEVICES, mode="sync")
+    for a, b in zip(second(), expected):
+        np.testing.assert_array_equal(a, b)

@@ -11,6 +11,9 @@ pipeline drains at the end of every epoch and the trained weights are copied bac
 model passed in, so callbacks, `model.save` and `model.evaluate` see the settled weights.
 """
 
+import contextlib
+import random
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -49,6 +52,20 @@ ON_NAN = modes.ON_NAN
 AUTO = autocuts.AUTO
 
 __all__ = ["NonFiniteLossError", "PipelineModel"]
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    """Restores Python's and NumPy's global random state on exit: placing stages creates
+    layers whose initializers and seed generators draw from Python's `random` (Keras'
+    default seeds), which would change what a user's script draws next (the next model's
+    initial weights, a `PyDataset`'s shuffled order) against the same script in Keras."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def _progress_field(name, doc):
@@ -223,7 +240,15 @@ class PipelineModel(ModelAPI):
         self.epochs_trained = 0  # epochs run by fit so far (the order of the next shuffle)
 
     def _place(self, cuts, devices, profile_batch_size, memory_limit, link_bandwidth):
-        """Plans the cuts (for `"auto"`), splits the (built) model and places its stages."""
+        """Plans the cuts (for `"auto"`), splits the (built) model and places its stages,
+        leaving Python's and NumPy's global random generators as they were."""
+        with _random_state_kept():
+            self._plan_and_build(cuts, devices, profile_batch_size, memory_limit,
+                                 link_bandwidth)
+
+    def _plan_and_build(self, cuts, devices, profile_batch_size, memory_limit,
+                        link_bandwidth):
+        """`_place`'s work."""
         if self.planned_cuts:
             if self._any_stage_count and self.replicas == 1:
                 devices = autocuts.devices_for_model(self.model, devices)
