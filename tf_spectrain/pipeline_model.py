@@ -728,8 +728,9 @@ class PipelineModel(ModelAPI):
         self.copy_weights_to_stages()
         hooks = keras.callbacks.CallbackList(callbacks, model=self.model)
         hooks.on_test_begin()
+        per_batch = hooks if has_test_batch_hooks(callbacks) else None  # else no host reads
         logs = self._evaluate_logs(data, batch_size, names=("x", "y"), steps=steps,
-                                   callbacks=hooks)
+                                   callbacks=per_batch)
         hooks.on_test_end(logs)
         if verbose not in (0, "auto") and verbose:
             print(" - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))

@@ -33,23 +33,26 @@ def _per_batch(callback):
     given to the instance (`keras.callbacks.LambdaCallback(on_train_batch_end=...)`). Keras'
     own and ours run per window, as they do under `keras.Model.fit` with
     `steps_per_execution`."""
-    if any(hook in vars(callback) for hook in _BATCH_HOOKS):
-        return True
     module = type(callback).__module__ or ""
-    if module.split(".")[0] in ("keras", "tf_spectrain"):
-        return False
-    return any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
-               for hook in _BATCH_HOOKS)
+    return _defines(callback, _BATCH_HOOKS, keras_own=module.split(".")[0] not in (
+        "keras", "tf_spectrain"))
+
+
+def _defines(callback, hooks, keras_own=True):
+    """Whether `callback` has any of `hooks` of its own: given to the instance, or (unless
+    `keras_own` is False) a method of its class other than `keras.callbacks.Callback`'s."""
+    if any(hook in vars(callback) for hook in hooks):
+        return True
+    return keras_own and any(
+        getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+        for hook in hooks)
 
 
 def has_test_batch_hooks(callbacks):
     """Whether any of the user's `callbacks` has test-batch hooks (TensorBoard's, say), which
-    validation then calls per batch with the running logs, as `keras.Model.fit` does."""
-    hooks = ("on_test_batch_begin", "on_test_batch_end")
-    return any(
-        any(hook in vars(c) or getattr(type(c), hook, None)
-            is not getattr(keras.callbacks.Callback, hook) for hook in hooks)
-        for c in callbacks or ())
+    validation and `evaluate` then call per batch with the running logs, as Keras does."""
+    return any(_defines(c, ("on_test_batch_begin", "on_test_batch_end"))
+               for c in callbacks or ())
 
 
 def window_size(setting, callbacks):
