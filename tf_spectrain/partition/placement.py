@@ -66,19 +66,22 @@ def copy_trainable(src_models, dst_models):
         dst_models: their copies (`place_stages`'), of the same architectures.
     """
     for src, dst in zip(src_models, dst_models):
-        pairs = zip(src._flatten_layers(), dst._flatten_layers())  # noqa: SLF001
-        for source, target in pairs:  # containers first, then what they hold
-            if source is not target and target.trainable != source.trainable:
+        for source, target in _layer_pairs(src, dst):  # containers first, then what they hold
+            if target.trainable != source.trainable:
                 target.trainable = source.trainable
+
+
+def _layer_pairs(src, dst):
+    """Each layer of `src` (itself and its sublayers at any depth) with its copy in `dst`."""
+    pairs = zip(src._flatten_layers(), dst._flatten_layers())  # noqa: SLF001
+    return [(source, target) for source, target in pairs if source is not target]
 
 
 def _copy_adapted_state(src, dst):
     """Gives preprocessing layers of `dst` the state `adapt` left in `src`'s, which their
     variables alone do not carry: a lookup's vocabulary (as Keras' saving restores it), and
     what `finalize_state` derives from the variables (`Normalization`'s mean and variance)."""
-    for source, target in zip(src._flatten_layers(), dst._flatten_layers()):  # noqa: SLF001
-        if source is target:
-            continue
+    for source, target in _layer_pairs(src, dst):
         if hasattr(source, "get_vocabulary") and hasattr(target, "set_vocabulary"):
             target.set_vocabulary(source.get_vocabulary())
         elif hasattr(target, "finalize_state") and target.built:
