@@ -51,7 +51,7 @@ from benchmarks import common
 MODELS = ("vgg16", "resnet56", "resnet50", "mobilenetv2")
 QUICK_MODEL = "small_cnn"
 CUT_LISTS = ("auto", "params", "layers")
-# tf_spectrain.modes.PIPELINE_MODES, spelled out: importing tf_spectrain would start
+# tf_spectrain.schedule.modes.PIPELINE_MODES, spelled out: importing tf_spectrain would start
 # TensorFlow in the parent (tests/test_balance_script.py checks that the two agree).
 PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
 INPUT_SHAPE = (32, 32, 3)

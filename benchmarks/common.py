@@ -36,7 +36,7 @@ CONFIGS = {
     "spectrain-paper": ("spectrain", "paper"),
     "spectrain-consistent": ("spectrain", "consistent"),
 }
-# tf_spectrain.modes.BASELINES, spelled out: importing tf_spectrain would start TensorFlow
+# tf_spectrain.schedule.modes.BASELINES, spelled out: importing tf_spectrain would start TensorFlow
 # before a script sets it up (tests/test_benchmarks.py checks that the two agree).
 BASELINES = ("single", "dp")
 
@@ -366,7 +366,7 @@ class Runner:
         return self._initial[key]
 
     def _build(self, spec):
-        from tf_spectrain import trainers
+        from tf_spectrain.app import trainers
 
         mode, target = CONFIGS[spec.config]
         trainer = trainers.build_trainer(
@@ -389,7 +389,7 @@ class Runner:
         """The trainer of `spec`, reset for it: `(trainer, cuts)`."""
         import tensorflow as tf
 
-        from tf_spectrain import trainers
+        from tf_spectrain.app import trainers
 
         key = spec.trainer_key
         if key not in self._trainers:
@@ -518,14 +518,14 @@ def synthetic_images(batch_size, steps):
     import numpy as np
     import tensorflow as tf
 
-    from tf_spectrain.runtime.iterators import without_autotune
+    from tf_spectrain.workflow.iterators import without_autotune
 
     rng = np.random.default_rng(0)
     size = batch_size * steps
     x = rng.normal(size=(size, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, size).astype("int32")
     # No autotuner: deleting an autotuned iterator can leave the cores idle for seconds at
-    # the end of every epoch (tf_spectrain.runtime.iterators), in Keras' fit as in ours.
+    # the end of every epoch (tf_spectrain.workflow.iterators), in Keras' fit as in ours.
     return without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache())
 
 
@@ -539,7 +539,7 @@ def window_batches(batch_size, counts):
     import numpy as np
     import tensorflow as tf
 
-    from tf_spectrain.runtime.iterators import without_autotune
+    from tf_spectrain.workflow.iterators import without_autotune
 
     rng = np.random.default_rng(0)
     b = batch_size

@@ -5,7 +5,7 @@
     python -m benchmarks.hosts --measure link        # only the hand-offs
     python -m benchmarks.hosts --quick               # small_cnn, 1 round: a smoke run
 
-Issue 14's evidence, on one machine. "loopback" is two `python -m tf_spectrain.worker`
+Issue 14's evidence, on one machine. "loopback" is two `python -m tf_spectrain.app.worker`
 processes on 127.0.0.1 (one CPU device each) and a trainer process connected to them
 (`tf_spectrain.connect_cluster`): a tensor goes from task 0 to task 1 over TensorFlow's
 gRPC runtime. "local" is one process with the CPU split into 2 logical devices.
@@ -251,7 +251,7 @@ def train_child(args):
     import keras
 
     import tf_spectrain
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
 
     keras.utils.set_random_seed(0)
     trainer = trainers.build_trainer(
@@ -348,7 +348,7 @@ class Workers:
             env.pop(name, None)
         for task in range(self.count):
             cmd, child_env = common.child_command(
-                "tf_spectrain.worker",
+                "tf_spectrain.app.worker",
                 ["--cluster", self.cluster, "--task", str(task), "--cpu-devices", "1",
                  "--bind-all"], env)
             out = os.path.join(self._dir.name, f"worker{task}.out")
@@ -522,7 +522,7 @@ def report(results, args, minutes, command=None):
         f"`{command}`",
         "",
         f"{args.model}, batch {args.batch_size}; local = 2 logical CPU devices of the trainer "
-        f"process, loopback = {WORKERS} `tf_spectrain.worker` processes on 127.0.0.1 (one "
+        f"process, loopback = {WORKERS} `tf_spectrain.app.worker` processes on 127.0.0.1 (one "
         f"CPU device each, task 0 -> task 1 over gRPC). {args.rounds} interleaved rounds of "
         f"fresh processes (fresh workers for every loopback run), {minutes:.1f} min. One "
         "intra-op thread in every trainer (tf.config.threading) and every worker "

@@ -67,9 +67,9 @@ def child(args):
     import keras
 
     import tf_spectrain
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
     from tf_spectrain.runtime import inference
-    from tf_spectrain.runtime.iterators import without_autotune
+    from tf_spectrain.workflow.iterators import without_autotune
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

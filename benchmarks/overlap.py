@@ -23,7 +23,7 @@ they take turns) and how many seconds into the process it started. Configuration
 interleaved over `--rounds` rounds, so that drift of the machine hits them alike; the
 table gives medians with the range over rounds, and ratios to the one-core single.
 Every configuration gets the same batches, from a `tf.data` dataset without autotuning
-(see `tf_spectrain.runtime.iterators` for why).
+(see `tf_spectrain.workflow.iterators` for why).
 """
 
 import argparse
@@ -96,7 +96,7 @@ def child(args):
     import keras
 
     import tf_spectrain
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -200,7 +200,7 @@ def child_machine(args):
 def child_train(args):
     """Times one epoch of training in one configuration; prints images/s as JSON."""
     import tf_spectrain
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
 
     if args.mode == "single":  # the first device, GPUs first, with TensorFlow's defaults
         devices = tf_spectrain.devices.existing_devices()[:1]

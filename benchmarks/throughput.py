@@ -63,7 +63,7 @@ def child(args):
     if args.intra_op:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
     import tf_spectrain
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
 
     n = 1 if args.mode == "single" else args.stages
     with warnings.catch_warnings():

@@ -5,8 +5,8 @@ import keras
 import numpy as np
 
 from tf_spectrain import data
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 LIMIT, BATCH, EPOCHS = 48, 16, 3  # 3 mini-batches per epoch
 

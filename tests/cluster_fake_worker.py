@@ -3,7 +3,7 @@
     python tests/cluster_fake_worker.py --cluster C --play T:old [--play T:real ...]
 
 Serves each task T named, in this one process: `old` is a tf_spectrain worker that
-publishes tf_spectrain version 0.0.1; `real` is what `python -m tf_spectrain.worker`
+publishes tf_spectrain version 0.0.1; `real` is what `python -m tf_spectrain.app.worker`
 serves (`server.start_worker` with the real versions); `plain` is a bare
 `tf.distribute.Server`, with no tf_spectrain record. Prints "ready" once every server is
 up, and waits to be killed.

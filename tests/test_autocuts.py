@@ -16,9 +16,9 @@ import pytest
 
 from tf_spectrain import costmodel, partition
 from tf_spectrain.costmodel import autoplan, measure
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 CPUS = ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
 BATCH = 4  # profile_batch_size everywhere: one cached profile per model

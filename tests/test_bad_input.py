@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 
 import tf_spectrain
-from tf_spectrain.input_checks import check_fit_args
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
+from tf_spectrain.workflow.input_checks import check_fit_args
 
 PACKAGE_DIR = os.path.dirname(os.path.realpath(tf_spectrain.__file__))
 N, FEATURES, CLASSES, BATCH = 16, 5, 3, 4

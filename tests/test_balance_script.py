@@ -15,7 +15,7 @@ import statistics
 import pytest
 
 from benchmarks import balance, common
-from tf_spectrain import modes
+from tf_spectrain.schedule import modes
 
 
 def rows_of(text, first_header):

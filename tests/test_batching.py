@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import batching, keras_data
+from tf_spectrain.workflow import batching, keras_data
 
 
 def _model(classes=2):

@@ -424,7 +424,7 @@ def test_prediction_report_only_redoes_the_tables_without_training(prediction_ru
 
 
 def test_the_benchmarks_take_the_library_modes():
-    from tf_spectrain import modes
+    from tf_spectrain.schedule import modes
 
     assert common.BASELINES == modes.BASELINES
     assert {mode for mode, _ in common.CONFIGS.values()} == set(modes.ALL_MODES)
@@ -446,7 +446,7 @@ def test_synthetic_images_are_fixed_batches_without_an_autotuner():
 
 
 def test_benchmark_optimizers_are_the_trainers():
-    from tf_spectrain import trainers
+    from tf_spectrain.app import trainers
 
     assert common.OPTIMIZERS == trainers.OPTIMIZERS
     for name in common.OPTIMIZERS:

@@ -6,7 +6,7 @@ import os
 import pytest
 from checkpoint_helpers import EPOCHS, pipeline, train
 
-from tf_spectrain import checkpoint_store
+from tf_spectrain import checkpoint as checkpoint_store
 from tf_spectrain.callbacks import PipelineCheckpoint
 from tf_spectrain.checkpoint import store
 

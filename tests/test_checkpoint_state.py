@@ -24,10 +24,12 @@ from checkpoint_helpers import (
     train,
 )
 
-from tf_spectrain import batching, checkpoint_store, data
+from tf_spectrain import checkpoint as checkpoint_store
+from tf_spectrain import data
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
+from tf_spectrain.workflow import batching
 
 _UNINTERRUPTED = {}
 

@@ -22,7 +22,8 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import checkpoint_store, cli
+from tf_spectrain import checkpoint as checkpoint_store
+from tf_spectrain.app import cli
 from tf_spectrain.checkpoint import store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +139,7 @@ def test_sigterm_drains_saves_and_says_how_to_resume(tmp_path, capsys, monkeypat
     in the middle of epoch 2 (epoch index 1); the handler runs in the main thread as it
     would in train.py. SIGINT is sent from outside, at an arbitrary moment, in
     test_sigint_drains_saves_and_says_how_to_resume."""
-    from tf_spectrain import training
+    from tf_spectrain.app import training
     from tf_spectrain.callbacks import Telemetry
 
     class TermMidEpoch(Telemetry):
@@ -245,7 +246,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
     """Stopped after a few mini-batches of epoch 0, resumed: two fit segments, the same
     weights as an uninterrupted run (sequential SGD), step numbers without a gap (with
     windows of 2, a log at the end of each window)."""
-    from tf_spectrain import training
+    from tf_spectrain.app import training
     from tf_spectrain.callbacks import Telemetry
 
     whole, split = tmp_path / "whole", tmp_path / "split"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tf_spectrain import cli
+from tf_spectrain.app import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,13 +1,13 @@
-"""Tests of `tf_spectrain.compile_utils`: `compile`'s loss, metrics and optimizer resolved as
-plain `keras.Model.compile` resolves them (checked against Keras itself on a tiny model),
-bad arguments named, and one fresh optimizer per stage."""
+"""Tests of `tf_spectrain.workflow.compile_utils`: `compile`'s loss, metrics and optimizer
+resolved as plain `keras.Model.compile` resolves them (checked against Keras itself on a tiny
+model), bad arguments named, and one fresh optimizer per stage."""
 
 import keras
 import numpy as np
 import pytest
 
 from tf_spectrain import SpecTrainSGD
-from tf_spectrain.compile_utils import (
+from tf_spectrain.workflow.compile_utils import (
     clone_optimizer,
     resolve_loss,
     resolve_metrics,

@@ -1,4 +1,4 @@
-"""tf_spectrain.config: RunConfig's defaults, checks (all at once) and resolved paths.
+"""tf_spectrain.app.config: RunConfig's defaults, checks (all at once) and resolved paths.
 
 The command line's messages are checked through `cli.parse_args` in tests/test_cli.py and
 tests/test_fuzz.py; here the dataclass itself, as Python code builds it.
@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from tf_spectrain import cli
-from tf_spectrain.config import ConfigError, ConfigTypeError, RunConfig, as_run_config
+from tf_spectrain.app import cli
+from tf_spectrain.app.config import ConfigError, ConfigTypeError, RunConfig, as_run_config
 
 
 def test_the_parser_takes_its_defaults_from_the_fields():

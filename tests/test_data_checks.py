@@ -1,4 +1,4 @@
-"""tf_spectrain.data_checks: data against a model's inputs, output and loss.
+"""tf_spectrain.workflow.data_checks: data against a model's inputs, output and loss.
 
 Through `fit`, `evaluate` and `predict` every rule is exercised in tests/test_bad_input.py;
 here the functions themselves, on a two-input model.
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import data_checks
+from tf_spectrain.workflow import data_checks
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import NonFiniteLossError, checkpoint_store
+from tf_spectrain import NonFiniteLossError
+from tf_spectrain import checkpoint as checkpoint_store
 from tf_spectrain.callbacks import PipelineCheckpoint
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 LR = 0.05
 BATCH = 8

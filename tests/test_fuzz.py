@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import tf_spectrain
-from tf_spectrain import cli
+from tf_spectrain.app import cli
 from tf_spectrain.pipeline_model import PipelineModel
 
 PACKAGE_DIR = os.path.dirname(os.path.realpath(tf_spectrain.__file__))

@@ -1,4 +1,5 @@
-"""tf_spectrain.input_checks: the argument checks of PipelineModel and train.py's split check.
+"""tf_spectrain.workflow.input_checks: the argument checks of PipelineModel and train.py's
+split check.
 
 `fit`, `evaluate` and `predict` reject bad arguments in tests/test_bad_input.py; here the
 pieces that are called directly (train.py, the pipeline) and the names kept for them.
@@ -7,7 +8,8 @@ pieces that are called directly (train.py, the pipeline) and the names kept for 
 import numpy as np
 import pytest
 
-from tf_spectrain import checks, data_checks, input_checks
+from tf_spectrain import checks
+from tf_spectrain.workflow import data_checks, input_checks
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Tests for tf_spectrain.runtime.iterators: finished tf.data iterators are deleted on a
+"""Tests for tf_spectrain.workflow.iterators: finished tf.data iterators are deleted on a
 background thread, datasets built from arrays have no autotuner, and fit, evaluate and
 predict hand every iterator they open to `retire`."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import batching
 from tf_spectrain.pipeline_model import PipelineModel
-from tf_spectrain.runtime import inference, iterators
+from tf_spectrain.runtime import inference
+from tf_spectrain.workflow import batching, iterators
 
 
 class Tracked:

@@ -24,8 +24,8 @@ from test_pipeline_modes import (
     max_diff,
 )
 
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 NUM_STAGES = 3
 LR = 0.2

@@ -4,10 +4,11 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import modes, schedule
+from tf_spectrain import schedule
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.runtime.loop import keep_rules, learning_rate_reader
 from tf_spectrain.runtime.state import op_lists
+from tf_spectrain.schedule import modes
 
 
 def _gap(ops, i):

@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 from tf_spectrain.runtime.memory import StageMemory, device_peak_bytes, tensor_bytes
 
 N, WIDTH, BATCH, NUM_BATCHES = 4, 16, 16, 5

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain import checkpoint, cli, trainers
+from tf_spectrain import checkpoint
+from tf_spectrain.app import cli, trainers
 from tf_spectrain.checkpoint import CheckpointError
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 from tf_spectrain.runtime import loss_scale
 
 POLICIES = ["mixed_bfloat16", "mixed_float16"]

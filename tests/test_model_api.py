@@ -1,4 +1,5 @@
-"""`PipelineModel` as the Keras model it replaces (`tf_spectrain.model_api`, `optimizer_view`).
+"""`PipelineModel` as the Keras model it replaces
+(`tf_spectrain.front.model_api`, `optimizer_view`).
 
 Every check compares with plain Keras on the same model, weights and data: the wrapped
 model's own methods, `keras.Model.train_on_batch` and friends (a sync pipeline is

@@ -1,4 +1,4 @@
-"""tf_spectrain.model_memory: the wrapped model as an extra copy on a stage's accelerator.
+"""tf_spectrain.partition.model_memory: the wrapped model as an extra copy on a stage's accelerator.
 
 This machine has no GPU, so the warning is tested with GPU names standing in for the
 variables' devices (`variable_devices` patched), and through `PipelineModel` with CPUs
@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import tf_spectrain
-from tf_spectrain import model_memory, trainers
+from tf_spectrain.app import trainers
+from tf_spectrain.partition import model_memory
 
 LOCAL = "/job:localhost/replica:0/task:0/device:"
 MESSAGE = "keeps its variables"  # in the warning, and in no other

@@ -4,8 +4,8 @@ import pathlib
 
 import pytest
 
-from tf_spectrain import modes
-from tf_spectrain.modes import PassPlan
+from tf_spectrain.schedule import modes
+from tf_spectrain.schedule.modes import PassPlan
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.prediction import SpecTrainSGD
 
 ATOL = 1e-6
 

@@ -20,8 +20,8 @@ import pytest
 import tensorflow as tf
 
 import tf_spectrain
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 from tf_spectrain.runtime.stage import StageRunner
 
 LR, MOMENTUM = 0.1, 0.9

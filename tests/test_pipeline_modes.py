@@ -13,8 +13,8 @@ import pytest
 import spectrain_reference as ref
 
 import tf_spectrain
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 LAYERS = [6, 10, 10, 10, 4]  # 4 Dense layers
 STAGE_SIZES = {2: [2, 2], 3: [1, 2, 1], 4: [1, 1, 1, 1]}

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from tf_spectrain import cli
+from tf_spectrain.app import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()

@@ -236,7 +236,7 @@ def test_a_batch_too_small_to_split_fails_every_replica_without_a_hang():
 
 
 def test_train_py_runs_replicas_as_the_readme_says(tmp_path, monkeypatch):
-    from tf_spectrain import cli, training
+    from tf_spectrain.app import cli, training
 
     readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
     line = next(line for line in readme.splitlines()
@@ -264,7 +264,7 @@ def test_train_py_runs_replicas_as_the_readme_says(tmp_path, monkeypatch):
     (dict(replicas=2, cuts=("flatten", "dense1")), "give 1 cut layers (2 stages in each"),
 ])
 def test_bad_replicas_flags_are_refused_before_any_work(settings, message):
-    from tf_spectrain.config import RunConfig
+    from tf_spectrain.app.config import RunConfig
 
     with pytest.raises(ValueError) as caught:
         RunConfig(model="mlp", gpus=4, **settings)

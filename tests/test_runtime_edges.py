@@ -27,8 +27,8 @@ from test_keras_knobs import problem  # noqa: F401 - the fixture
 from test_pipeline_modes import ATOL, EPOCHS, NUM_BATCHES
 from test_pipeline_modes import MODES as REF_MODES
 
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 FIT_TIMEOUT = 60.0
 BATCH = 4

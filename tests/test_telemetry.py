@@ -15,10 +15,11 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tf_spectrain import modes, schedule
+from tf_spectrain import schedule
 from tf_spectrain.callbacks import Telemetry
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
+from tf_spectrain.schedule import modes
 
 LR = 0.05
 
@@ -341,7 +342,7 @@ def _event_tags(logdir):
 
 
 def test_train_py_graph_and_histograms_only_on_request(tmp_path, capsys):
-    from tf_spectrain import cli
+    from tf_spectrain.app import cli
 
     argv = ["--model", "mlp", "--gpus", "2", "--limit", "32", "--batch-size", "16",
             "--epochs", "1", "--prediction-every", "1", "--cuts", "dense1"]  # weights on both

@@ -17,8 +17,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from data_reference import make_layout
 
-from tf_spectrain import cli, data, models, training
-from tf_spectrain.config import ConfigError, RunConfig
+from tf_spectrain import data, models
+from tf_spectrain.app import cli, training
+from tf_spectrain.app.config import ConfigError, RunConfig
 from tf_spectrain.data import pydoc_corpus
 
 

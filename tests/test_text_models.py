@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from tf_spectrain import costmodel, models, partition
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.partition.graph import read_graph
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 SEQ, VOCAB, CLASSES, WIDTH, HEADS, MLP = 8, 24, 3, 8, 2, 16
 LR, MOMENTUM = 0.1, 0.9

@@ -1,4 +1,4 @@
-"""tf_spectrain.trainers: one factory for every mode, as train.py and the benchmarks use it.
+"""tf_spectrain.app.trainers: one factory for every mode, as train.py and the benchmarks use it.
 
 Only one-device MirroredStrategy here: a second multi-device strategy in the test process
 clashes with the collective ops of test_cli's dp run.
@@ -8,9 +8,10 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain import modes, trainers
-from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain.app import trainers
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
+from tf_spectrain.schedule import modes
 
 DEVICES = ["/CPU:0", "/CPU:1"]
 

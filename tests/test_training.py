@@ -1,4 +1,4 @@
-"""Tests for tf_spectrain.training: a run prepared, described and trained in process, and
+"""Tests for tf_spectrain.app.training: a run prepared, described and trained in process, and
 the model exported atomically.
 
 The command line around it (`cli.main`, train.py) is tested in test_cli.py and
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from checkpoint_helpers import tiny_model
 
-from tf_spectrain import cli, data, training
-from tf_spectrain.config import ConfigError, RunConfig
+from tf_spectrain import data
+from tf_spectrain.app import cli, training
+from tf_spectrain.app.config import ConfigError, RunConfig
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def test_prepare_checks_a_namespace_as_a_run_config_before_any_work():
 
 
 def test_export_is_atomic(tmp_path, monkeypatch):
-    from tf_spectrain import training
+    from tf_spectrain.app import training
 
     model = tiny_model()
     path = tmp_path / "model.keras"

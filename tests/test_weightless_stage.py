@@ -8,8 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import tf_spectrain
-from tf_spectrain.optimizer import SpecTrainSGD
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 from tf_spectrain.runtime import loop, window_graph
 
 BATCH, NUM_BATCHES = 8, 7

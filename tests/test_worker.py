@@ -1,4 +1,4 @@
-"""`python -m tf_spectrain.worker` and `tf_spectrain.connect_cluster`, on 127.0.0.1 only.
+"""`python -m tf_spectrain.app.worker` and `tf_spectrain.connect_cluster`, on 127.0.0.1 only.
 
 Workers run as subprocesses on free loopback ports; the tests stop the processes they
 started by their pid, also when they fail. The workers the trainer connects to are started
@@ -67,7 +67,7 @@ class Processes:
         return proc
 
     def worker(self, cluster, task, *extra):
-        return self.start(["-m", "tf_spectrain.worker", "--cluster", cluster, "--task", task,
+        return self.start(["-m", "tf_spectrain.app.worker", "--cluster", cluster, "--task", task,
                            *extra])
 
     def wait_line(self, proc, pattern, timeout=START_TIMEOUT):
@@ -119,7 +119,8 @@ def servers(tmp_path_factory):
         pair = [procs.worker(cluster, t, "--cpu-devices", 2, "--bind-all") for t in (0, 1)]
         fake = procs.start([FAKE, "--cluster", mixed, "--play", "0:old", "--play", "1:real",
                             "--play", "2:plain"])
-        configured = procs.start(["-m", "tf_spectrain.worker", "--bind-all", "--cpu-devices", 2],
+        configured = procs.start(["-m", "tf_spectrain.app.worker", "--bind-all",
+                                  "--cpu-devices", 2],
                                  TF_CONFIG=tf_config(jobs, "worker"))
         lines = [procs.wait_line(p, "^tf_spectrain worker: ") for p in (*pair, configured)]
         procs.wait_line(fake, "^ready$")
@@ -248,7 +249,7 @@ def test_the_version_check_names_every_worker_that_differs(servers, trainer):
         f"The workers do not match the trainer, which runs tensorflow {tf.__version__}, "
         f"tf_spectrain {tf_spectrain.__version__}: task 0 ({a}) runs tf_spectrain 0.0.1; "
         f"task 2 ({c}) is a TensorFlow server but not a tf_spectrain worker: it holds no "
-        "tf_spectrain record (start it with `python -m tf_spectrain.worker --cluster "
+        "tf_spectrain record (start it with `python -m tf_spectrain.app.worker --cluster "
         f"{cluster} --task 2`). Every worker must run the trainer's TensorFlow and "
         "tf_spectrain versions and the trainer's cluster."
     )
@@ -291,10 +292,10 @@ def test_a_worker_refuses_a_wildcard_bind_unless_asked(processes):
 
 def test_bad_worker_arguments_exit_with_code_2(capsys):
     # `main` in this process (its return value is the exit code `python -m
-    # tf_spectrain.worker` ends with; a worker process costs seconds of imports, and the
+    # tf_spectrain.app.worker` ends with; a worker process costs seconds of imports, and the
     # `servers` fixture starts real ones): the arguments are refused before any server
     # starts. main installs its stop-signal handlers first; they are put back after.
-    from tf_spectrain import worker
+    from tf_spectrain.app import worker
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

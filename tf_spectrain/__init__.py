@@ -13,7 +13,6 @@ Call `tf_spectrain.setup_devices(n)` before any TensorFlow op, build a model wit
 from tf_spectrain import (
     callbacks,
     checkpoint,
-    checkpoint_store,
     cluster,
     costmodel,
     data,
@@ -26,8 +25,7 @@ from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.devices import setup_devices
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 from tf_spectrain.prediction import SpecTrain, SpecTrainSGD
-
-__version__ = "0.1.0"
+from tf_spectrain.version import __version__
 
 __all__ = [
     "NonFiniteLossError",
@@ -36,7 +34,6 @@ __all__ = [
     "SpecTrainSGD",
     "callbacks",
     "checkpoint",
-    "checkpoint_store",
     "cluster",
     "connect_cluster",
     "costmodel",

@@ -5,10 +5,11 @@
     pipe.compile(optimizer=tf_spectrain.SpecTrainSGD(0.01, momentum=0.9), loss=..., metrics=[...])
     pipe.fit(x, y, batch_size=128, epochs=10, validation_data=(xv, yv), callbacks=[...])
 
-This is the front only: cutting is `tf_spectrain.partition`, batching `tf_spectrain.batching`,
-the epoch loop `tf_spectrain.runtime.loop`, inference `tf_spectrain.runtime.inference`. The
-pipeline drains at the end of every epoch and the trained weights are copied back into the
-model passed in, so callbacks, `model.save` and `model.evaluate` see the settled weights.
+This is the front only: cutting is `tf_spectrain.partition`, batching
+`tf_spectrain.workflow.batching`, the epoch loop `tf_spectrain.runtime.loop`, inference
+`tf_spectrain.runtime.inference`. The pipeline drains at the end of every epoch and the
+trained weights are copied back into the model passed in, so callbacks, `model.save` and
+`model.evaluate` see the settled weights.
 """
 
 import contextlib
@@ -18,26 +19,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import (
-    autocuts,
-    batching,
-    checks,
-    compile_utils,
-    deferred_build,
-    input_checks,
-    keras_data,
-    keras_fit,
-    modes,
-    partition,
-    sample_weights,
-    user_models,
-)
+from tf_spectrain import checks, partition
 from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
-from tf_spectrain.model_api import ModelAPI, compile_keras_model
-from tf_spectrain.model_memory import warn_if_model_on_stage_device
-from tf_spectrain.model_structure import output_structure
-from tf_spectrain.outputs import OutputLoss, OutputMetrics, is_multi_output
+from tf_spectrain.front.model_api import ModelAPI, compile_keras_model
+from tf_spectrain.partition import autocuts, user_models
+from tf_spectrain.partition.model_memory import warn_if_model_on_stage_device
+from tf_spectrain.partition.model_structure import output_structure
 from tf_spectrain.prediction import SpecTrain
 from tf_spectrain.runtime import inference
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
@@ -47,6 +35,17 @@ from tf_spectrain.runtime.loop import FitLoop, has_test_batch_hooks, window_size
 from tf_spectrain.runtime.stage import build_runners
 from tf_spectrain.runtime.state import PipelineState, Progress
 from tf_spectrain.runtime.window_epoch import WindowFunctions, WindowSetup
+from tf_spectrain.schedule import modes
+from tf_spectrain.workflow import (
+    batching,
+    compile_utils,
+    deferred_build,
+    input_checks,
+    keras_data,
+    keras_fit,
+    sample_weights,
+)
+from tf_spectrain.workflow.outputs import OutputLoss, OutputMetrics, is_multi_output
 
 ON_NAN = modes.ON_NAN
 AUTO = autocuts.AUTO
@@ -91,7 +90,7 @@ class PipelineModel(ModelAPI):
             stages, `[stage0, stage1, ...]`, each a Keras model or layer (subclassed
             ones too) that takes what the previous stage returns; each is one stage (so
             `cuts` is left out), and the pipeline's `model` is a Keras model chaining
-            them (see `tf_spectrain.stage_list`).
+            them (see `tf_spectrain.partition.stage_list`).
         cuts: `"auto"` (the default) to plan the cuts from measured time, or a list of
             layer names; each ends a stage, so there are `len(cuts) + 1` stages. With
             `"auto"` every layer's forward and backward is timed on the stage devices at

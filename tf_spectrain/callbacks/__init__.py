@@ -4,11 +4,11 @@ Callbacks that define `set_pipeline(pipeline)` are handed the `PipelineModel` by
 with a plain `keras.Model` they work on the model alone.
 """
 
-from tf_spectrain.callbacks.checkpoint import (
+from tf_spectrain.callbacks.telemetry import Telemetry
+from tf_spectrain.checkpoint import (
     CheckpointWriteError,
     PipelineCheckpoint,
     restore_checkpoint,
 )
-from tf_spectrain.callbacks.telemetry import Telemetry
 
 __all__ = ["CheckpointWriteError", "PipelineCheckpoint", "Telemetry", "restore_checkpoint"]

@@ -13,8 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checks, modes, schedule
+from tf_spectrain import checks, schedule
 from tf_spectrain.runtime.probe import WeightProbe
+from tf_spectrain.schedule import modes
 
 # "auto" logs so that per-step logging costs under 2% of the step time; aim lower, since
 # both the cost of a write and the step time are measured with noise.

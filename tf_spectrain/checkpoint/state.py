@@ -21,7 +21,7 @@ import contextlib
 import keras
 import numpy as np
 
-from tf_spectrain import prediction, trainers
+from tf_spectrain import prediction
 from tf_spectrain.checkpoint import compat, store
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
@@ -38,6 +38,12 @@ COMPARED = (
     "optimizer",
     "loss_scale",
 )
+
+
+def trainer_model(trainer):
+    """The Keras model `trainer` trains: a `PipelineModel`'s `model`, or `trainer` itself."""
+    return trainer.model if isinstance(trainer, PipelineModel) else trainer
+
 
 
 def is_pipeline(trainer):
@@ -66,11 +72,13 @@ def trainer_optimizers(trainer):
         ValueError: a pipeline that is not compiled.
     """
     if not is_pipeline(trainer):
-        _check_keras_model(trainer)
-    return list(trainers.optimizers(trainer))
+        _checktrainer_model(trainer)
+    if is_pipeline(trainer):
+        return list(trainer.stage_optimizers)
+    return [trainer.optimizer]
 
 
-def _check_keras_model(trainer):
+def _checktrainer_model(trainer):
     """Refuses what is neither a pipeline nor a keras.Model."""
     if not isinstance(trainer, keras.Model):
         raise TypeError(
@@ -91,7 +99,7 @@ def _parts(trainer):
             if scale is not None:  # a LossScaleOptimizer's own variables, per stage
                 parts.append((f"stage{k}/loss_scale", list(scale.variables)))
         return parts
-    _check_keras_model(trainer)
+    _checktrainer_model(trainer)
     optimizer = getattr(trainer, "optimizer", None)
     if optimizer is None:
         raise ValueError("The keras.Model must be compiled (with an optimizer) to be checkpointed.")
@@ -131,7 +139,7 @@ def describe_run(trainer):
     """
     pipeline = is_pipeline(trainer)
     optimizer = trainer_optimizers(trainer)[-1]
-    model = trainers.keras_model(trainer)
+    model = trainer_model(trainer)
     # Layer types and weight shapes, not names: Keras numbers unnamed layers by how many
     # were built before in the process, so names differ between equal models.
     architecture = [

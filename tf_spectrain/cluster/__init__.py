@@ -2,7 +2,7 @@
 
 - `spec`: `--cluster h0:p0,h1:p1,...` and `TF_CONFIG` (pure Python).
 - `sockets`: what a process listens on (`/proc`), whether an address accepts connections.
-- `server`: the TensorFlow server of one worker (`python -m tf_spectrain.worker`).
+- `server`: the TensorFlow server of one worker (`python -m tf_spectrain.app.worker`).
 - `record`: the versions record a worker publishes in a TensorFlow variable.
 - `connect`: `connect_cluster`, the trainer's side.
 

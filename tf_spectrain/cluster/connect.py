@@ -61,7 +61,7 @@ def check_listening(cluster, timeout=DEFAULT_TIMEOUT):
             raise ConnectionError(
                 f"Worker {cluster.describe(task)} is not listening: "
                 f"{reason} (waited up to {timeout:g} s for all workers). Start it on that "
-                f"host with `python -m tf_spectrain.worker --cluster {cluster.as_flag()} "
+                f"host with `python -m tf_spectrain.app.worker --cluster {cluster.as_flag()} "
                 f"--task {task} --bind-all`, or correct the address."
             )
 
@@ -96,7 +96,7 @@ def _connect(cluster):
         raise ConnectionError(
             f"TensorFlow could not connect to the cluster {cluster.as_flag()} "
             f"({type(error).__name__}: {first}). Check that every worker runs "
-            "`python -m tf_spectrain.worker` with this cluster."
+            "`python -m tf_spectrain.app.worker` with this cluster."
         ) from error
 
 
@@ -125,7 +125,7 @@ def check_versions(cluster):
             problems.append(
                 f"{cluster.describe(task)} is a TensorFlow server but not a tf_spectrain "
                 "worker: it holds no tf_spectrain record (start it with `python -m "
-                f"tf_spectrain.worker --cluster {cluster.as_flag()} --task {task}`)")
+                f"tf_spectrain.app.worker --cluster {cluster.as_flag()} --task {task}`)")
             records.append(None)
             continue
         records.append(found)
@@ -153,7 +153,7 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
                     versions=True):
     """Connects this process, as the trainer, to the workers of a cluster.
 
-    Every address must run `python -m tf_spectrain.worker`. The trainer holds no slot in
+    Every address must run `python -m tf_spectrain.app.worker`. The trainer holds no slot in
     the list (it joins as TensorFlow's `localhost` job), or, with a `TF_CONFIG` whose task
     is the chief, the chief's slot. Call this at the start of the program, before models
     are built: it reconfigures TensorFlow's eager context.

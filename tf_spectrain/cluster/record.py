@@ -13,8 +13,8 @@ Resources are shared between the sessions of a server because TensorFlow's defau
 
 import tensorflow as tf
 
-import tf_spectrain
 from tf_spectrain.cluster import spec
+from tf_spectrain.version import __version__
 
 RECORD_NAME = "tf_spectrain_worker_record"
 VERSION_KEYS = ("tensorflow", "tf_spectrain")
@@ -22,7 +22,7 @@ VERSION_KEYS = ("tensorflow", "tf_spectrain")
 
 def local_versions():
     """The versions this process runs: `{"tensorflow": ..., "tf_spectrain": ...}`."""
-    return {"tensorflow": tf.__version__, "tf_spectrain": tf_spectrain.__version__}
+    return {"tensorflow": tf.__version__, "tf_spectrain": __version__}
 
 
 def make_record(cluster, task, versions=None):

@@ -1,4 +1,4 @@
-"""Starts the TensorFlow server of one worker (`python -m tf_spectrain.worker` runs this).
+"""Starts the TensorFlow server of one worker (`python -m tf_spectrain.app.worker` runs this).
 
 The server is a `tf.distribute.Server` for the worker's task of the cluster. Its devices
 are fixed by its own `ConfigProto`, not by `tf.config` (the process's eager context and the

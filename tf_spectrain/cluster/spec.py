@@ -1,7 +1,7 @@
 """Cluster specs: `--cluster h0:p0,h1:p1,...` and the `TF_CONFIG` variable (pure Python).
 
 A cluster is a list of worker addresses, task 0 first. Every address is a worker
-(`python -m tf_spectrain.worker`); the trainer is a separate client that holds no slot, or,
+(`python -m tf_spectrain.app.worker`); the trainer is a separate client that holds no slot, or,
 with `TF_CONFIG`, the single `chief` task. `TF_CONFIG` is the convention of tf.distribute
 and of Kubernetes TFJob operators::
 
@@ -389,7 +389,7 @@ def trainer_cluster(cluster_flag=None, environ=None):
     if cluster.task is not None and cluster.task[0] != CHIEF:
         raise _config_error(
             f"names worker task {cluster.task[1]} for this process, but the trainer is the "
-            "chief or holds no slot; start workers with `python -m tf_spectrain.worker` and "
+            "chief or holds no slot; start workers with `python -m tf_spectrain.app.worker` and "
             'give the trainer {"task": {"type": "chief", "index": 0}} or no task', text)
     return cluster
 
@@ -446,7 +446,7 @@ def stage_devices(names, cluster, per_worker=None):
             raise ValueError(
                 f"Worker {cluster.describe(task)} shows no device after connecting (the "
                 f"devices seen are {list(names)}). Check that it runs "
-                "`python -m tf_spectrain.worker` with this --cluster."
+                "`python -m tf_spectrain.app.worker` with this --cluster."
             )
         if per_worker is not None:
             if len(devices) < per_worker:

@@ -20,10 +20,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checks, model_memory, partition
+from tf_spectrain import checks, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
-from tf_spectrain.partition.graph import read_graph
-from tf_spectrain.runtime.graphs import as_list, differentiable, one_or_list
+from tf_spectrain.partition import model_memory
+from tf_spectrain.partition.graph import one_or_list, read_graph
+from tf_spectrain.runtime.graphs import as_list, differentiable
 
 
 def _sync():

@@ -48,10 +48,11 @@ It is a model: framework workspace, BatchNorm statistics and allocator slack are
 import dataclasses
 import math
 
-from tf_spectrain import checks, modes
+from tf_spectrain import checks
 from tf_spectrain import schedule as schedule_lib
 from tf_spectrain.costmodel.hardware import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
+from tf_spectrain.schedule import modes
 
 SCHEDULES = modes.SCHEDULES  # sync mode's orders: "gpipe", "1f1b"
 RECOMPUTE = modes.RECOMPUTE  # "auto", "always"

@@ -38,7 +38,17 @@ import weakref
 import keras
 from keras.src.models.functional import Functional
 
-from tf_spectrain.runtime.graphs import one_or_list
+
+def one_or_list(xs):
+    """Returns the only item of `xs`, or `xs` as a list when it has several (or none).
+
+    Args:
+        xs: a list or tuple.
+
+    Returns:
+        `xs[0]` if `len(xs) == 1`, else `list(xs)`.
+    """
+    return xs[0] if len(xs) == 1 else list(xs)
 
 
 class OpCall:

@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import sample_weights
-from tf_spectrain.outputs import OutputMetrics
+from tf_spectrain.workflow import sample_weights
+from tf_spectrain.workflow.outputs import OutputMetrics
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -14,7 +14,7 @@ thread (one device busy at a time); benchmarks compare the two.
 import threading
 
 from tf_spectrain.runtime.handoff import Channel, FailureBox, PipelineAborted
-from tf_spectrain.runtime.iterators import iterate
+from tf_spectrain.workflow.iterators import iterate
 
 _STOP = "tf_spectrain.forward.stop"  # follows the last batch down the pipeline
 _POLL_SECONDS = 0.05

@@ -17,18 +17,6 @@ def as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def one_or_list(xs):
-    """Returns the only item of `xs`, or `xs` as a list when it has several (or none).
-
-    Args:
-        xs: a list or tuple.
-
-    Returns:
-        `xs[0]` if `len(xs) == 1`, else `list(xs)`.
-    """
-    return xs[0] if len(xs) == 1 else list(xs)
-
-
 def differentiable(tensors):
     """The tensors of `tensors` a gradient tape can watch: the floating and complex ones.
 

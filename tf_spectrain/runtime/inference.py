@@ -9,10 +9,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import batching, input_checks, sample_weights
-from tf_spectrain.runtime import forward_pipeline, iterators
+from tf_spectrain.partition.graph import one_or_list
+from tf_spectrain.runtime import forward_pipeline
 from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
-from tf_spectrain.runtime.graphs import as_list, graph_function, one_or_list
+from tf_spectrain.runtime.graphs import as_list, graph_function
+from tf_spectrain.workflow import batching, input_checks, iterators, sample_weights
 
 
 def infer(runners, x):

@@ -13,7 +13,7 @@ import time
 
 import keras
 
-from tf_spectrain import keras_fit, prediction, schedule
+from tf_spectrain import prediction, schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError
 from tf_spectrain.runtime.executor import EpochRun
@@ -21,6 +21,7 @@ from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.state import op_lists
 from tf_spectrain.runtime.window_epoch import WindowedEpoch
 from tf_spectrain.schedule.windows import EpochWindows
+from tf_spectrain.workflow import keras_fit
 
 AUTO = "auto"
 AUTO_WINDOW = 8

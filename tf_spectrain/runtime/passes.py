@@ -11,15 +11,15 @@ import re
 
 import tensorflow as tf
 
-from tf_spectrain import sample_weights
+from tf_spectrain.partition.graph import one_or_list
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import (
     all_finite,
     as_list,
     differentiable,
     graph_function,
-    one_or_list,
 )
+from tf_spectrain.workflow import sample_weights
 
 
 def with_penalty(grads_out, loss_scale=None):

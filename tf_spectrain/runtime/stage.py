@@ -11,12 +11,12 @@ import time
 
 import tensorflow as tf
 
-from tf_spectrain import compile_utils
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import as_list, differentiable
 from tf_spectrain.runtime.memory import StageMemory
 from tf_spectrain.runtime.passes import StagePasses, with_penalty
+from tf_spectrain.workflow import compile_utils
 
 ACTIVATIONS = "activations"
 """`StageRunner.forward(keep=...)`: keep the forward's activations (a tape) for its backward."""

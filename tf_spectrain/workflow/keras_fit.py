@@ -13,9 +13,19 @@
 
 import keras
 
-from tf_spectrain import model_api, model_structure
+from tf_spectrain.partition import model_structure
+from tf_spectrain.workflow import optimizer_view
 
-__all__ = ["build_metrics", "start_epoch", "terminate_on_nan"]
+__all__ = ["after_load", "build_metrics", "start_epoch", "terminate_on_nan"]
+
+
+def after_load(pipe):
+    """After the wrapped model's optimizer was loaded: every stage and replica takes its
+    update count (the last stage's, which it shares) and replica 0's optimizer state."""
+    if pipe.runners is None:
+        return
+    optimizer_view.align_iterations([r.optimizer for r in pipe.runners])
+    pipe.sync_replicas()
 
 
 def build_metrics(model, labels):
@@ -45,11 +55,11 @@ def start_epoch(pipe, initial_epoch):
     Returns:
         The epoch `BackupAndRestore` restored (Keras' `model._initial_epoch`), if any, else
         `initial_epoch`. When one was restored, every stage takes the loaded optimizer state
-        (`model_api.after_load`).
+        (`after_load`).
     """
     restored = getattr(pipe.model, "_initial_epoch", None)
     if restored:
-        model_api.after_load(pipe)
+        after_load(pipe)
     return restored or initial_epoch
 
 

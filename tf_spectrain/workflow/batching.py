@@ -8,9 +8,9 @@ epochs an uninterrupted one would.
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import input_checks, keras_data, sample_weights
-from tf_spectrain.outputs import OutputLoss, is_multi_output
-from tf_spectrain.runtime.iterators import retire, without_autotune
+from tf_spectrain.workflow import input_checks, keras_data, sample_weights
+from tf_spectrain.workflow.iterators import retire, without_autotune
+from tf_spectrain.workflow.outputs import OutputLoss, is_multi_output
 
 
 def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y"), sample_weight=None):

@@ -3,15 +3,15 @@
 The structure of `x` (one array per model input, a list or a dict by input name) and of
 `y` (for several outputs, one array per output: a list or a dict by output name), shapes,
 dtypes, and labels against each model output and its loss (probed once on two examples).
-Errors name the argument and give both shapes. Used by `tf_spectrain.input_checks` and
+Errors name the argument and give both shapes. Used by `tf_spectrain.workflow.input_checks` and
 `PipelineModel`'s `fit`, `evaluate` and `predict`.
 """
 
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import model_structure
-from tf_spectrain import outputs as outputs_lib
+from tf_spectrain.partition import model_structure
+from tf_spectrain.workflow import outputs as outputs_lib
 
 
 def _shape(obj):

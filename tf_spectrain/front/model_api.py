@@ -12,7 +12,7 @@ pipeline (`train_step`, ...): they raise an error that says what to do instead.
 `compile_keras_model` (the last step of `PipelineModel.compile`) compiles the wrapped model
 as `keras.Model.compile` would have been, with the same loss, metrics, loss weights and
 weighted metrics, its optimizer a view of the stages' optimizer state
-(`tf_spectrain.optimizer_view`). Files that `model.save`, `ModelCheckpoint` and
+(`tf_spectrain.workflow.optimizer_view`). Files that `model.save`, `ModelCheckpoint` and
 `BackupAndRestore` write then reload compiled with `keras.models.load_model` (or
 `load_weights`), with the update count, learning rate and slots of the pipeline.
 
@@ -29,11 +29,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checks, optimizer_view
-from tf_spectrain.outputs import OutputMetrics
+from tf_spectrain import checks
 from tf_spectrain.prediction.wrapper import device_of
+from tf_spectrain.workflow import keras_fit, optimizer_view
+from tf_spectrain.workflow.outputs import OutputMetrics
 
-__all__ = ["ModelAPI", "after_load", "compile_keras_model", "share_optimizer_state"]
+__all__ = ["ModelAPI", "compile_keras_model", "share_optimizer_state"]
 
 _CHANGES_THE_MODEL = ("add", "pop", "quantize", "compile_from_config", "build_from_config")
 _TRAINS_OUTSIDE = ("train_step", "test_step", "predict_step", "make_train_function",
@@ -89,15 +90,6 @@ def share_optimizer_state(pipe):
     pairs = [[(m, s) for m, s in zip(split.weights, stage.weights) if m.trainable]
              for split, stage in zip(pipe._split, pipe.stages)]  # noqa: SLF001 - its own
     return optimizer_view.share_state(optimizer, [r.optimizer for r in runners], pairs)
-
-
-def after_load(pipe):
-    """After the wrapped model's optimizer was loaded: every stage and replica takes its
-    update count (the last stage's, which it shares) and replica 0's optimizer state."""
-    if pipe.runners is None:
-        return
-    optimizer_view.align_iterations([r.optimizer for r in pipe.runners])
-    pipe.sync_replicas()
 
 
 def _batch_size(x, method):
@@ -290,7 +282,7 @@ class ModelAPI:
         `keras.Model.load_weights`; the next `fit`/`evaluate`/`predict` copies the weights
         to the stages."""
         self.model.load_weights(filepath, *args, **kwargs)
-        after_load(self)
+        keras_fit.after_load(self)
 
     # --- training state -----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain.model_structure import is_built
+from tf_spectrain.partition.model_structure import is_built
 
 
 class BuildOnData:

@@ -1,7 +1,7 @@
 """One training run as `train.py` does it: devices, data, model, fit, evaluate.
 
 `prepare(config)` sets up devices, data and the trainer of `config.mode` (built by
-`tf_spectrain.trainers`), checking what only the model can check before any training;
+`tf_spectrain.app.trainers`), checking what only the model can check before any training;
 `train(run)` fits, evaluates and exports; `run(config)` does both.
 """
 
@@ -14,16 +14,19 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint, data, devices, input_checks, models, modes, trainers
+from tf_spectrain import checkpoint, data, devices, models
+from tf_spectrain.app import trainers
+from tf_spectrain.app.config import RunConfig, as_run_config
+from tf_spectrain.app.run_callbacks import RunProgress, StopOnNonFinite
 from tf_spectrain.callbacks import PipelineCheckpoint, Telemetry
 from tf_spectrain.checkpoint import (  # noqa: F401 - the names training has always exported
     CheckpointWriteError,
     restore_checkpoint,
 )
 from tf_spectrain.cluster import connect_cluster
-from tf_spectrain.config import RunConfig, as_run_config
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel  # noqa: F401 - cli
-from tf_spectrain.run_callbacks import RunProgress, StopOnNonFinite
+from tf_spectrain.schedule import modes
+from tf_spectrain.workflow import input_checks
 
 
 @dataclasses.dataclass
@@ -98,7 +101,7 @@ def prepare(config):
     modelling.
 
     Args:
-        config: a `RunConfig` (e.g. from `tf_spectrain.cli.parse_args`), or an object
+        config: a `RunConfig` (e.g. from `tf_spectrain.app.cli.parse_args`), or an object
             with the same attributes (an `argparse.Namespace`), checked into one.
 
     Returns:

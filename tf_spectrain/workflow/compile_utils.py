@@ -4,7 +4,8 @@ import warnings
 
 import keras
 
-from tf_spectrain import messages, prediction, sample_weights
+from tf_spectrain import messages, prediction
+from tf_spectrain.workflow import sample_weights
 
 _ACCURACY = ("accuracy", "acc")
 

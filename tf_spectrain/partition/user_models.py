@@ -2,19 +2,19 @@
 
 - A functional model or a `keras.Sequential` (with or without an `Input`, built or not) is
   cut automatically. An unbuilt Sequential is built from the first data, as Keras builds
-  it in its first `fit` (`tf_spectrain.deferred_build`).
+  it in its first `fit` (`tf_spectrain.workflow.deferred_build`).
 - A list of Keras models or layers is a pipeline split by hand, one stage each
-  (`tf_spectrain.stage_list`): the way to pipeline a subclassed model.
+  (`tf_spectrain.partition.stage_list`): the way to pipeline a subclassed model.
 - A subclassed `keras.Model` (its computation is its Python `call`) has no graph of layers
   to cut: `accept` refuses it, saying how to proceed.
 
 What a model's inputs and outputs are, for every kind of model, is
-`tf_spectrain.model_structure`.
+`tf_spectrain.partition.model_structure`.
 """
 
 import keras
 
-from tf_spectrain import stage_list
+from tf_spectrain.partition import stage_list
 from tf_spectrain.partition.graph import runs_its_graph
 
 

@@ -4,7 +4,7 @@ One rule, from `tf_spectrain.checks`: a value of the wrong type raises `TypeErro
 the right type but out of range `ValueError`; the message names the argument, shows the
 value and says what is valid. `PipelineModel.fit`, `evaluate` and `predict` call these
 once, at the API boundary, so a mistake never surfaces later from deep inside Keras,
-TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.data_checks`
+TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.workflow.data_checks`
 (its public functions are re-exported here).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
-from tf_spectrain.data_checks import (
+from tf_spectrain.workflow.data_checks import (
     changes_inputs,
     check_data,
     check_inputs,

@@ -1,8 +1,8 @@
 """A tf_spectrain worker: serves this host's devices to a trainer on other hosts.
 
-    python -m tf_spectrain.worker --cluster h0:p0,h1:p1 --task T [--cpu-devices G] --bind-all
+    python -m tf_spectrain.app.worker --cluster h0:p0,h1:p1 --task T [--cpu-devices G] --bind-all
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": T}}' \\
-        python -m tf_spectrain.worker [--cpu-devices G] --bind-all
+        python -m tf_spectrain.app.worker [--cpu-devices G] --bind-all
 
 Starts a TensorFlow server for address T of the list, prints one line saying what it
 serves, and waits; SIGTERM or SIGINT (Ctrl-C) stops it with exit code 0. On a host with
@@ -27,7 +27,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def build_parser():
     """The worker's command-line parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m tf_spectrain.worker",
+        prog="python -m tf_spectrain.app.worker",
         description="Serve this host's devices to a tf_spectrain trainer.",
     )
     parser.add_argument("--cluster", default=None,

@@ -32,8 +32,8 @@ import tensorflow as tf
 from keras.src.trainers.compile_utils import get_loss as _keras_get_loss
 from keras.src.trainers.compile_utils import get_metric as _keras_get_metric
 
-from tf_spectrain import sample_weights
-from tf_spectrain.model_structure import output_structure
+from tf_spectrain.partition.model_structure import output_structure
+from tf_spectrain.workflow import sample_weights
 
 
 def is_multi_output(model):

@@ -11,7 +11,7 @@ pipeline (and Keras callbacks, `save`, `evaluate`) has a model to hold, and the 
 the stage boundaries: the model is a functional one when the first stage knows its inputs
 (a functional model or a built Sequential), else a `keras.Sequential` of the stages that
 is built from the first data, as Keras builds a Sequential without an `Input`
-(`tf_spectrain.deferred_build`). The stages stay the user's objects: the trained weights
+(`tf_spectrain.workflow.deferred_build`). The stages stay the user's objects: the trained weights
 are theirs. Functional and Sequential stages are cut as their layers
 (`tf_spectrain.partition` flattens nested models), so each cut is the last layer of its
 stage; a subclassed stage or a layer is one operation, and the cut is its own name.
@@ -19,8 +19,8 @@ stage; a subclassed stage or a layer is one operation, and the cut is its own na
 
 import keras
 
-from tf_spectrain.model_structure import input_structure
 from tf_spectrain.partition.graph import runs_its_graph
+from tf_spectrain.partition.model_structure import input_structure
 
 
 def is_stage_list(value):

@@ -1,6 +1,6 @@
 """The `train.py` command line: parse the flags into a checked `RunConfig`, then train.
 
-Flag checks (`tf_spectrain.config.RunConfig`) run before TensorFlow initialises; what only
+Flag checks (`tf_spectrain.app.config.RunConfig`) run before TensorFlow initialises; what only
 the model can tell (the names in `--cuts`) is checked right after the model is built, still
 before any training. Either way bad input exits with code 2 and a message within seconds,
 so a typo never costs a run.
@@ -14,8 +14,8 @@ import signal
 import sys
 import traceback
 
-from tf_spectrain import checks, modes
-from tf_spectrain.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir: former names
+from tf_spectrain import checks
+from tf_spectrain.app.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir: former names
     MAX_DEVICES,
     MAX_SEED,
     ON_NAN,
@@ -24,6 +24,7 @@ from tf_spectrain.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir:
     default_logdir,
     flag,
 )
+from tf_spectrain.schedule import modes
 
 PIPELINE_MODES = modes.PIPELINE_MODES
 MODES = modes.ALL_MODES
@@ -66,7 +67,7 @@ def build_parser():
     add("model", help="model builder (see --help for the list)")
     add("gpus", type=int, help="number of devices to use (4 when neither --gpus nor "
         "--cluster is given)")
-    add("cluster", help="train on worker processes (`python -m tf_spectrain.worker`) at "
+    add("cluster", help="train on worker processes (`python -m tf_spectrain.app.worker`) at "
         "these addresses h0:p0,h1:p1,...: the stages are every worker's devices in order, "
         "worker 0's first; 'TF_CONFIG' reads the cluster from that environment variable "
         "(the trainer is then its chief, or holds no slot)")
@@ -412,7 +413,7 @@ def main(argv=None):
     """
     parser = build_parser()
     config = parse_args(argv)
-    from tf_spectrain import training
+    from tf_spectrain.app import training
     from tf_spectrain.callbacks import CheckpointWriteError
 
     stopper = _StopOnSignal(training)
@@ -460,9 +461,9 @@ def main(argv=None):
         elif run.checkpoint is None:
             print(f"Stopped by {stopper.received} at {where}; checkpoints are off, nothing saved.")
         else:
-            from tf_spectrain import checkpoint_store
+            from tf_spectrain import checkpoint
 
-            newest = checkpoint_store.latest_checkpoint(config.checkpoint_dir)
+            newest = checkpoint.latest_checkpoint(config.checkpoint_dir)
             print(
                 f"Stopped by {stopper.received} at {where}, before any training step; the newest "
                 f"checkpoint is {newest or '(none yet)'}.\n"

@@ -1,7 +1,7 @@
 """The typed settings of one `train.py` run, checked when they are built.
 
 `RunConfig` holds every flag of `train.py` as a typed field with its default: the parser in
-`tf_spectrain.cli` takes its defaults from here, and `tf_spectrain.training` reads the
+`tf_spectrain.app.cli` takes its defaults from here, and `tf_spectrain.app.training` reads the
 fields. Building one checks every field and reports every problem at once, naming the
 flags (`--gpus`) since these are the command line's settings, then fills in the paths left
 to their defaults. Creating the output directories is left to `cli.parse_args`.
@@ -11,9 +11,11 @@ import dataclasses
 import os
 import time
 
-from tf_spectrain import checks, data, input_checks, models, modes
+from tf_spectrain import checks, data, models
+from tf_spectrain.app.trainers import DEFAULT_LR, DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PRECISIONS
 from tf_spectrain.cluster import spec as cluster_spec
-from tf_spectrain.trainers import DEFAULT_LR, DEFAULT_WEIGHT_DECAY, OPTIMIZERS, PRECISIONS
+from tf_spectrain.schedule import modes
+from tf_spectrain.workflow import input_checks
 
 ON_NAN = modes.ON_NAN
 MAX_DEVICES = 64

@@ -1,6 +1,6 @@
 """Builds the trainer of one mode: a compiled `keras.Model` or a compiled `PipelineModel`.
 
-`train.py` (`tf_spectrain.training`) and the benchmarks build their trainers here, so a
+`train.py` (`tf_spectrain.app.training`) and the benchmarks build their trainers here, so a
 mode means the same model, optimizer and placement everywhere:
 
 - `single`: the model on the first device, `keras.optimizers.SGD` (or AdamW);
@@ -18,9 +18,13 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checks, model_memory, modes
-from tf_spectrain.optimizer import SpecTrainSGD
+from tf_spectrain import checks
+from tf_spectrain.checkpoint.state import trainer_model as keras_model  # noqa: F401 - app, benchmarks
+from tf_spectrain.checkpoint.state import trainer_optimizers as optimizers  # noqa: F401
+from tf_spectrain.partition import model_memory
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
+from tf_spectrain.schedule import modes
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 """The Keras dtype policies a trainer's model can be built under (`--precision`)."""
@@ -206,27 +210,3 @@ def build_trainer(
     pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics,
                  steps_per_execution=steps_per_execution)
     return pipe
-
-
-def keras_model(trainer):
-    """Gives the Keras model a trainer trains.
-
-    Args:
-        trainer: a `PipelineModel` or a `keras.Model`.
-
-    Returns:
-        The `PipelineModel`'s `model`, or `trainer` itself.
-    """
-    return trainer.model if isinstance(trainer, PipelineModel) else trainer
-
-
-def optimizers(trainer):
-    """Gives a trainer's optimizers.
-
-    Args:
-        trainer: a compiled `PipelineModel` or `keras.Model`.
-
-    Returns:
-        A pipeline's optimizers, one per stage, else `[trainer.optimizer]`.
-    """
-    return trainer.stage_optimizers if isinstance(trainer, PipelineModel) else [trainer.optimizer]

@@ -1,0 +1,1 @@
+"""The `train.py` application and the worker command. Nothing in the library imports it."""

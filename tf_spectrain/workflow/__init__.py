@@ -1,0 +1,1 @@
+"""The Keras workflow the pipeline reproduces: compile arguments, data into batches, logs."""
