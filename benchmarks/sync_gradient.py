@@ -238,7 +238,7 @@ def relu_flips(build, x, y, position, devices):
     import tensorflow as tf
 
     import tf_spectrain
-    from tf_spectrain.partition.graph import one_or_list
+    from tf_spectrain.partition.keras_nodes import one_or_list
     from tf_spectrain.runtime.graphs import as_list
 
     loss = keras.losses.SparseCategoricalCrossentropy()

@@ -1,7 +1,7 @@
 """Tests for tf_spectrain.runtime.graphs: its small list helpers. A stage's passes are exercised
 through `fit` in test_executor.py, test_pipeline_model.py and test_pipeline_modes.py."""
 
-from tf_spectrain.partition.graph import one_or_list
+from tf_spectrain.partition.keras_nodes import one_or_list
 from tf_spectrain.runtime import graphs as stage
 
 

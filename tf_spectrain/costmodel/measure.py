@@ -23,7 +23,8 @@ import tensorflow as tf
 from tf_spectrain import checks, partition
 from tf_spectrain.costmodel.profile import LayerProfile, ModelProfile
 from tf_spectrain.partition import model_memory
-from tf_spectrain.partition.graph import one_or_list, read_graph
+from tf_spectrain.partition.graph import read_graph
+from tf_spectrain.partition.keras_nodes import one_or_list
 from tf_spectrain.runtime.graphs import as_list, differentiable
 
 

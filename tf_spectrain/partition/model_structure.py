@@ -8,7 +8,7 @@ list, a dict) wherever the model has them.
 
 import keras
 
-from tf_spectrain.partition.graph import runs_its_graph
+from tf_spectrain.partition.nested import runs_its_graph
 
 
 def is_built(model):

@@ -19,8 +19,8 @@ stage; a subclassed stage or a layer is one operation, and the cut is its own na
 
 import keras
 
-from tf_spectrain.partition.graph import runs_its_graph
 from tf_spectrain.partition.model_structure import input_structure
+from tf_spectrain.partition.nested import runs_its_graph
 
 
 def is_stage_list(value):

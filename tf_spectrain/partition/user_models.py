@@ -15,7 +15,7 @@ What a model's inputs and outputs are, for every kind of model, is
 import keras
 
 from tf_spectrain.partition import stage_list
-from tf_spectrain.partition.graph import runs_its_graph
+from tf_spectrain.partition.nested import runs_its_graph
 
 
 def accept(model, cuts, num_stages):

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain.partition.graph import one_or_list
+from tf_spectrain.partition.keras_nodes import one_or_list
 from tf_spectrain.runtime import forward_pipeline
 from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
 from tf_spectrain.runtime.graphs import as_list, graph_function

@@ -11,7 +11,7 @@ import re
 
 import tensorflow as tf
 
-from tf_spectrain.partition.graph import one_or_list
+from tf_spectrain.partition.keras_nodes import one_or_list
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import (
     all_finite,
