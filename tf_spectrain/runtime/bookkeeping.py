@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain.workflow import sample_weights
-from tf_spectrain.workflow.outputs import OutputMetrics
+from tf_spectrain.workflow.output_metrics import OutputMetrics
 
 
 class NonFiniteLossError(FloatingPointError):
