@@ -1,4 +1,5 @@
-"""tf_spectrain.workflow.data_checks: data against a model's inputs, output and loss.
+"""tf_spectrain.workflow.data_checks and data_structure: data against a model's inputs,
+output and loss.
 
 Through `fit`, `evaluate` and `predict` every rule is exercised in tests/test_bad_input.py;
 here the functions themselves, on a two-input model.
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_spectrain.workflow import data_checks
+from tf_spectrain.workflow import data_checks, data_structure
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def loss():
 
 def test_model_inputs_orders_a_dict_by_the_model_inputs(two_inputs):
     a, b = np.zeros((5, 3), "float32"), np.ones((5, 2), "float32")
-    parts = data_checks.model_inputs(two_inputs, {"b": b, "a": a})
+    parts = data_structure.model_inputs(two_inputs, {"b": b, "a": a})
     assert isinstance(parts, tuple) and parts[0] is a and parts[1] is b
     assert data_checks.check_inputs(two_inputs, [a, b]) == 5
 

@@ -5,7 +5,7 @@ the right type but out of range `ValueError`; the message names the argument, sh
 value and says what is valid. `PipelineModel.fit`, `evaluate` and `predict` call these
 once, at the API boundary, so a mistake never surfaces later from deep inside Keras,
 TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.workflow.data_checks`
-(its public functions are re-exported here).
+and `tf_spectrain.workflow.data_structure` (their public functions are re-exported here).
 """
 
 import keras
@@ -13,14 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
-from tf_spectrain.workflow.data_checks import (
-    changes_inputs,
-    check_data,
-    check_inputs,
-    check_predict_dataset,
-    model_inputs,
-    model_labels,
-)
+from tf_spectrain.workflow.data_checks import check_data, check_inputs, check_predict_dataset
+from tf_spectrain.workflow.data_structure import changes_inputs, model_inputs, model_labels
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
