@@ -246,7 +246,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
     """Stopped after a few mini-batches of epoch 0, resumed: two fit segments, the same
     weights as an uninterrupted run (sequential SGD), step numbers without a gap (with
     windows of 2, a log at the end of each window)."""
-    from tf_spectrain.app import training
+    from tf_spectrain.app import preparation, training
     from tf_spectrain.callbacks import Telemetry
 
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -254,7 +254,7 @@ def test_cli_resume_from_the_middle_of_an_epoch_is_exact_in_sync_mode(
                   "--steps-per-execution", steps_per_execution]
     assert run_cli(argv + ["--logdir", str(whole)], capsys)[0] == 0
     args = dataclasses.replace(cli.parse_args(argv + ["--logdir", str(split)]), verbose=0)
-    run = training.prepare(args)
+    run = preparation.prepare(args)
 
     class StopSoon(Telemetry):
         # Asked before the epoch begins, the pipeline feeds exactly one mini-batch.

@@ -11,12 +11,12 @@ import pathlib
 
 import pytest
 
-from tf_spectrain.app import cli
+from tf_spectrain.app import cli, flags
 from tf_spectrain.app.config import ConfigError, ConfigTypeError, RunConfig, as_run_config
 
 
 def test_the_parser_takes_its_defaults_from_the_fields():
-    parsed = vars(cli.build_parser().parse_args([]))
+    parsed = vars(flags.build_parser().parse_args([]))
     fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     assert set(parsed) == set(fields) - {"verbose"}  # verbose is no flag
     assert parsed == {name: fields[name] for name in parsed}
@@ -178,10 +178,10 @@ def test_as_run_config_takes_a_namespace_and_fills_the_defaults():
 
 
 def test_cli_check_args_lists_every_problem():
-    args = cli.build_parser().parse_args(["--gpus", "0", "--lr", "-1"])
+    args = flags.build_parser().parse_args(["--gpus", "0", "--lr", "-1"])
     errors = cli.check_args(args)
     assert len(errors) == 2 and errors[0].startswith("--gpus") and errors[1].startswith("--lr")
-    assert cli.check_args(cli.build_parser().parse_args([])) == []
+    assert cli.check_args(flags.build_parser().parse_args([])) == []
 
 
 @pytest.mark.parametrize(

@@ -236,7 +236,7 @@ def test_a_batch_too_small_to_split_fails_every_replica_without_a_hang():
 
 
 def test_train_py_runs_replicas_as_the_readme_says(tmp_path, monkeypatch):
-    from tf_spectrain.app import cli, training
+    from tf_spectrain.app import cli, preparation, training
 
     readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
     line = next(line for line in readme.splitlines()
@@ -245,11 +245,11 @@ def test_train_py_runs_replicas_as_the_readme_says(tmp_path, monkeypatch):
     args = dataclasses.replace(cli.parse_args(
         line.split()[2:] + ["--logdir", str(tmp_path), "--export", "none"]
     ), verbose=0)
-    run = training.prepare(args)
+    run = preparation.prepare(args)
     assert run.trainer.replicas == 2
     assert run.trainer.replica_devices == [DEVICES[:2], DEVICES[2:]]
     assert ("2 replicas of a spectrain pipeline of 2 stages on /CPU:0, /CPU:1; /CPU:2, /CPU:3"
-            in training.describe(run))
+            in preparation.describe(run))
     result = training.train(run)
     assert len(result["history"]["loss"]) == 1 and 0 <= result["test_accuracy"] <= 1
 

@@ -18,7 +18,7 @@ import tensorflow_datasets as tfds
 from data_reference import make_layout
 
 from tf_spectrain import data, models
-from tf_spectrain.app import cli, training
+from tf_spectrain.app import cli, preparation, training
 from tf_spectrain.app.config import ConfigError, RunConfig
 from tf_spectrain.data import pydoc_corpus
 
@@ -334,7 +334,7 @@ def test_cli_prints_a_language_model_perplexity(text_models, capsys, tmp_path):
 
 def test_a_text_classifier_trains_on_imdb_with_its_vocabulary(text_models, imdb_dir, tmp_path):
     root, calls = imdb_dir
-    run = training.prepare(lm_config(tmp_path, model="residual_lstm", dataset="imdb_reviews",
+    run = preparation.prepare(lm_config(tmp_path, model="residual_lstm", dataset="imdb_reviews",
                                      data_dir=root, limit=2, batch_size=2))
     assert text_models[-1] == ("residual_lstm", (256,), 2, {"vocab_size": 20_000})
     result = training.train(run)

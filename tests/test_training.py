@@ -14,7 +14,7 @@ import pytest
 from checkpoint_helpers import tiny_model
 
 from tf_spectrain import data
-from tf_spectrain.app import cli, training
+from tf_spectrain.app import cli, preparation, training
 from tf_spectrain.app.config import ConfigError, RunConfig
 
 
@@ -30,8 +30,8 @@ def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
         ["--model", "small_cnn", "--gpus", "2", "--mode", mode, "--epochs", "2",
          "--batch-size", "32", "--limit", "128", "--lr", "0.05", "--logdir", str(tmp_path)]
     ), verbose=0)
-    run = training.prepare(args)
-    description = training.describe(run)
+    run = preparation.prepare(args)
+    description = preparation.describe(run)
     result = training.train(run)
     if mode in ("spectrain", "sync"):
         assert f"{mode} pipeline of 2 stages on /CPU:0, /CPU:1, cut after " in description
@@ -55,7 +55,7 @@ def test_run_in_process_reports_true_test_accuracy(mode, tmp_path):
 def test_prepare_checks_a_namespace_as_a_run_config_before_any_work():
     namespace = argparse.Namespace(**dict(dataclasses.asdict(RunConfig(logdir="x")), gpus=0))
     with pytest.raises(ConfigError, match=r"--gpus must be an integer >= 1"):
-        training.prepare(namespace)
+        preparation.prepare(namespace)
 
 
 def test_export_is_atomic(tmp_path, monkeypatch):

@@ -1,13 +1,14 @@
 """The `train.py` command line: parse the flags into a checked `RunConfig`, then train.
 
+The flags themselves are `tf_spectrain.app.flags`'; this module checks them, runs the
+training, handles SIGINT/SIGTERM and prints the outcome.
+
 Flag checks (`tf_spectrain.app.config.RunConfig`) run before TensorFlow initialises; what only
 the model can tell (the names in `--cuts`) is checked right after the model is built, still
 before any training. Either way bad input exits with code 2 and a message within seconds,
 so a typo never costs a run.
 """
 
-import argparse
-import dataclasses
 import os
 import shlex
 import signal
@@ -15,197 +16,9 @@ import sys
 import traceback
 
 from tf_spectrain import checks
-from tf_spectrain.app.config import (  # noqa: F401 - MAX_*, ON_NAN, default_logdir: former names
-    MAX_DEVICES,
-    MAX_SEED,
-    ON_NAN,
-    ConfigError,
-    RunConfig,
-    default_logdir,
-    flag,
-)
+from tf_spectrain.app.config import ConfigError, RunConfig
+from tf_spectrain.app.flags import build_parser, repeated_flags
 from tf_spectrain.schedule import modes
-
-PIPELINE_MODES = modes.PIPELINE_MODES
-MODES = modes.ALL_MODES
-TARGETS = modes.TARGETS
-DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
-MODE_HELP = (
-    "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
-    "weight stashing), vanilla (naive, stale), sync (sequential SGD; GPipe or 1F1B-flush "
-    "with --micro-batches); baselines: single (one device), dp (data parallelism with "
-    "tf.distribute.MirroredStrategy)"
-)
-
-
-class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default in its help, unless it is None (the help then says it)."""
-
-    def _get_help_string(self, action):
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def build_parser():
-    """Returns the `argparse.ArgumentParser` of `train.py` (defaults: `RunConfig`'s)."""
-    p = argparse.ArgumentParser(
-        prog="train.py",
-        allow_abbrev=False,  # "--epoch 3" must not silently mean --epochs
-        description=(
-            "Train a Keras model on several devices. Without GPUs the CPU is split into "
-            "logical devices, so every mode runs anywhere."
-        ),
-        formatter_class=_DefaultsFormatter,
-    )
-
-    def add(name, **kwargs):
-        if kwargs.get("action") != "store_true":
-            kwargs["default"] = DEFAULTS[name]
-        p.add_argument(flag(name), **kwargs)
-
-    add("model", help="model builder (see --help for the list)")
-    add("gpus", type=int, help="number of devices to use (4 when neither --gpus nor "
-        "--cluster is given)")
-    add("cluster", help="train on worker processes (`python -m tf_spectrain.app.worker`) at "
-        "these addresses h0:p0,h1:p1,...: the stages are every worker's devices in order, "
-        "worker 0's first; 'TF_CONFIG' reads the cluster from that environment variable "
-        "(the trainer is then its chief, or holds no slot)")
-    add("gpus_per_host", type=int, help="with --cluster: the devices of each worker that "
-        "hold stages (its GPUs, or on a CPU-only worker its logical CPU devices, see the "
-        "worker's --cpu-devices); 1 when not given")
-    add("mode", help=MODE_HELP)
-    add(
-        "cuts",
-        type=_comma_list,
-        help="'auto' (the default: cuts planned from each layer's measured time, the plan "
-        "printed before training) or comma-separated layer names, each ending a stage "
-        "(--gpus - 1 of them)",
-    )
-    add(
-        "spectrain_target",
-        help="spectrain: 'paper' (the paper's version gaps) or 'consistent' (one "
-        "prediction per mini-batch, reused by the backward)",
-    )
-    add(
-        "micro_batches",
-        type=int,
-        help="micro-batches per mini-batch, in every pipeline mode (must divide "
-        "--batch-size): each stage runs them back to back and updates once per mini-batch",
-    )
-    add(
-        "schedule",
-        help="sync mode: the order of a mini-batch's micro-batches: 'gpipe' (all forwards, "
-        "then all backwards) or '1f1b' (1F1B-flush: stage k keeps at most --gpus - k "
-        "micro-batches' activations); the same result",
-    )
-    add(
-        "recompute",
-        help="'auto' (recompute a stage's forward in its backward only where the weights "
-        "differ) or 'always' (keep only each stage's inputs and recompute in every "
-        "backward: less memory, one more forward; the same result)",
-    )
-    add(
-        "replicas",
-        type=int,
-        help="copies of the pipeline (data x pipeline): the devices form --replicas "
-        "pipelines of devices / replicas stages, each mini-batch is split evenly across "
-        "them and each stage's gradients are summed over its copies before every update",
-    )
-    add("dataset", help="dataset name; when not given, digits for image models and pydoc "
-        "for transformer_lm (the text classifiers need one, e.g. imdb_reviews)")
-    add("data_dir", help="tensorflow-datasets data dir")
-    add(
-        "download",
-        action="store_true",
-        help="allow tensorflow-datasets to download and prepare the dataset (needs network)",
-    )
-    add("epochs", type=int, help="training epochs")
-    add("batch_size", type=int, help="mini-batch size (global)")
-    add("optimizer", help="'sgd' (momentum SGD; the default for image models) or 'adamw' "
-        "(the default for text models); in spectrain mode either predicts the weights from "
-        "its own next update (docs/SPECTRAIN.md section 6c)")
-    add("lr", type=float, help="learning rate (default: 0.01 with sgd, 0.001 with adamw)")
-    add("momentum", type=float, help="SGD momentum (sgd only)")
-    add("weight_decay", type=float,
-        help="decoupled weight decay, 0: none (default: 5e-4 with sgd, 0.01 with adamw)")
-    add("precision", help="Keras dtype policy of the model: float32, mixed_bfloat16 or "
-        "mixed_float16 (float16 compute with dynamic loss scaling); variables stay float32")
-    add("seed", type=int, help="random seed (weights, data order)")
-    add("limit", type=int, help="use only the first LIMIT examples of each split (quick runs)")
-    add(
-        "logdir",
-        help="TensorBoard log dir (default: runs/<model>-<mode>-<timestamp>; with --resume "
-        "and --checkpoint-dir: the checkpoint dir's parent)",
-    )
-    add(
-        "log_every",
-        type=_auto_or_int,
-        help="write per-step scalars every N mini-batches; 'auto' keeps logging under 2%% "
-        "of the training time",
-    )
-    add(
-        "prediction_every",
-        type=int,
-        help="pipelines: measure the weight prediction error (staleness) on every Nth "
-        "mini-batch of each epoch, on every stage; 0 turns it off",
-    )
-    add(
-        "steps_per_execution",
-        type=_auto_or_int,
-        help="mini-batches per graph call (Keras' compile argument): pipelines run every "
-        "stage's passes of that many in one TensorFlow graph, with per-step logs and "
-        "callbacks once per call; 'auto' is 8, or 1 while measuring prediction errors "
-        "(--prediction-every > 0)",
-    )
-    add("graph", action="store_true", help="also write the model graph to TensorBoard")
-    add("histograms", action="store_true", help="also write weight histograms every epoch")
-    add(
-        "checkpoint_dir",
-        help="where to save a checkpoint at every epoch end and on SIGINT/SIGTERM "
-        "(default: <logdir>/checkpoints)",
-    )
-    add(
-        "keep_checkpoints",
-        type=int,
-        help="how many of the newest checkpoints to keep; 0 saves none",
-    )
-    add(
-        "resume",
-        action="store_true",
-        help="continue from the newest checkpoint in --checkpoint-dir (or <logdir>/checkpoints)",
-    )
-    add(
-        "on_nan",
-        help="a non-finite loss: 'stop' (say where it came from; keep the last good "
-        "checkpoint) or 'skip' (pipelines: leave out updates whose gradient is not finite)",
-    )
-    add(
-        "export",
-        help="save the trained model here as a .keras file (default: <logdir>/model.keras; "
-        "'none' to skip)",
-    )
-    return p
-
-
-def _auto_or_int(text):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer; got {text!r}") from None
-
-
-def _comma_list(text):
-    if text.strip() == "auto":
-        return "auto"
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated layer names such as block2_pool,block3_pool; got {text!r}"
-        )
-    return names
 
 
 def check_args(args):
@@ -239,27 +52,6 @@ def _check_writable(config):
         except (ValueError, TypeError) as e:
             errors.append(str(e))
     return errors
-
-
-def repeated_flags(argv):
-    """Finds the flags given more than once in `argv` (argparse would keep the last one).
-
-    Args:
-        argv: the command-line arguments after the program name; both `--flag value` and
-            `--flag=value` count.
-
-    Returns:
-        The repeated flags (e.g. `["--epochs"]`), each once, in the order of their second use.
-    """
-    seen, repeated = set(), []
-    options = {flag(name) for name in DEFAULTS}  # build_parser adds one flag per field
-    for item in argv:
-        option = item.split("=", 1)[0]
-        if option in options:
-            if option in seen and option not in repeated:
-                repeated.append(option)
-            seen.add(option)
-    return repeated
 
 
 def parse_args(argv=None):
@@ -413,17 +205,18 @@ def main(argv=None):
     """
     parser = build_parser()
     config = parse_args(argv)
-    from tf_spectrain.app import training
+    from tf_spectrain.app import preparation, training
     from tf_spectrain.callbacks import CheckpointWriteError
+    from tf_spectrain.pipeline_model import NonFiniteLossError
 
     stopper = _StopOnSignal(training)
     uninstall = stopper.install()
     try:
         try:
-            run = training.prepare(config)
+            run = preparation.prepare(config)
         except (ValueError, TypeError) as e:
             parser.error(str(e))
-        print(training.describe(run), flush=True)
+        print(preparation.describe(run), flush=True)
         plan = getattr(run.trainer, "partition_plan", None)
         if plan is not None:
             print(plan, flush=True)
@@ -432,7 +225,7 @@ def main(argv=None):
     except CheckpointWriteError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
-    except training.NonFiniteLossError as e:
+    except NonFiniteLossError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         if run.checkpoint is not None and run.checkpoint.last_path:
             print(
@@ -448,7 +241,7 @@ def main(argv=None):
         where = f"epoch {epoch}, after {batch} of its {total} mini-batches"
         if result["checkpoint"]:
             note = ""
-            if batch and config.mode in PIPELINE_MODES and config.mode != "sync":
+            if batch and config.mode in modes.PIPELINE_MODES and config.mode != "sync":
                 note = (
                     "\n(The pipeline drained in the middle of an epoch: resuming from here "
                     "continues correctly, but not bit for bit as an uninterrupted run would; "
@@ -477,7 +270,7 @@ def main(argv=None):
         quality = (f"test loss {result['test_loss']:.4f} | test perplexity "
                    f"{result['test_perplexity']:.2f} | token accuracy "
                    f"{result['test_accuracy']:.4f}")
-    print(f"{quality} | {result['images_per_second']:.1f} {training.example_unit(config)}/s "
+    print(f"{quality} | {result['images_per_second']:.1f} {preparation.example_unit(config)}/s "
           f"| wall time {result['wall_time']:.1f} s | logs in {config.logdir}")
     return 0
 

@@ -60,17 +60,8 @@ DEFAULT_WEIGHT_DECAY = {"sgd": 5e-4, "adamw": 0.01}
 
 
 def sgd(cls, learning_rate, momentum=0.0, weight_decay=None):
-    """Builds momentum SGD of class `cls`; a `weight_decay` of 0 means none (as None does).
-
-    Args:
-        cls: the optimizer class (`keras.optimizers.SGD` or `SpecTrainSGD`).
-        learning_rate: the learning rate.
-        momentum: the momentum.
-        weight_decay: the weight decay, or 0 or None for none.
-
-    Returns:
-        A new `cls` instance.
-    """
+    """A new momentum SGD of class `cls` (`keras.optimizers.SGD` or `SpecTrainSGD`); a
+    `weight_decay` of 0 means none, as None does."""
     return cls(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay or None)
 
 

@@ -1,0 +1,213 @@
+"""Setting up one `train.py` run: devices, data, the trainer, a restored checkpoint.
+
+`prepare(config)` does it all before any training, checking what only the data or the model
+can check, and returns a `Run` for `tf_spectrain.app.training.train`; `describe(run)` says
+in one line what will be trained where.
+"""
+
+import dataclasses
+import time
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tf_spectrain import checkpoint, data, devices, models
+from tf_spectrain.app import trainers
+from tf_spectrain.app.config import RunConfig, as_run_config
+from tf_spectrain.callbacks import PipelineCheckpoint
+from tf_spectrain.cluster import connect_cluster
+from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.schedule import modes
+from tf_spectrain.workflow import input_checks
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything `prepare` set up for `train`."""
+
+    config: RunConfig
+    device_names: list
+    model: keras.Model
+    trainer: object  # the compiled keras.Model (baselines) or PipelineModel
+    test_ds: tf.data.Dataset
+    num_train: int
+    started: float
+    steps_per_epoch: int = 0
+    start_epoch: int = 0  # the epoch to start at (from a checkpoint)
+    start_batch: int = 0  # mini-batches of start_epoch already done (from a checkpoint)
+    resumed_from: str = None  # the checkpoint restored, if any
+    checkpoint: PipelineCheckpoint = None
+    stop_requested: bool = False
+    phase: str = "prepared"  # then "training", then "finishing" (evaluation and export)
+
+
+def run_facts(config):
+    """Gives the settings a checkpoint records and a resumed run must share.
+
+    Args:
+        config: the run's `RunConfig`.
+
+    Returns:
+        A dict of `model_name`, `dataset`, `batch_size`, `limit` and `seed` (they fix the
+        model and the data order), and `precision` when it is not float32 and `optimizer`
+        when it is not sgd (so that the checkpoints of earlier runs, written before these
+        flags existed, still resume).
+    """
+    facts = {
+        "model_name": config.model,
+        "dataset": config.dataset,
+        "batch_size": config.batch_size,
+        "limit": config.limit,
+        "seed": config.seed,
+    }
+    if config.precision != "float32":
+        facts["precision"] = config.precision
+    if config.optimizer != "sgd":
+        facts["optimizer"] = config.optimizer
+    return facts
+
+
+def _restore(run):
+    """Restores the newest checkpoint for `--resume` (or says there is none)."""
+    config = run.config
+    info = checkpoint.restore_latest(run.trainer, config.checkpoint_dir, run_facts(config))
+    if info is not None:
+        run.start_epoch, run.start_batch = info["epoch"], info["batch"]
+        run.resumed_from = info["path"]
+        checkpoint.apply_learning_rate(run.trainer, config.lr)
+
+
+def prepare(config):
+    """Sets up devices, data and the compiled model or pipeline described by `config`.
+
+    The modes: `single` (the whole model on the first device, plain `model.fit`), `dp`
+    (data parallelism over all devices with `tf.distribute.MirroredStrategy`, the baseline
+    the SpecTrain paper compares against) and the pipelines `sync`, `vanilla`, `stash`,
+    `spectrain` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see SPECTRAIN.md). With
+    `resume`, the newest checkpoint is restored (with this run's `--lr`); without it, a
+    checkpoint directory that already holds checkpoints is refused (when checkpoints are on).
+    The model is built for the dataset: `models.get_model(config.model, info.input_shape,
+    info.num_classes, **info.model_options())` with `info = data.get_info(config.dataset)`
+    (a language model's `num_classes` is its vocabulary; a text classifier also gets
+    `vocab_size`), and compiled with cross-entropy on logits, per token for language
+    modelling.
+
+    Args:
+        config: a `RunConfig` (e.g. from `tf_spectrain.app.cli.parse_args`), or an object
+            with the same attributes (an `argparse.Namespace`), checked into one.
+
+    Returns:
+        A `Run`, for `train`.
+
+    Raises:
+        ValueError, TypeError: for bad settings (`config.ConfigError`), and for input
+            that only the data or the model can check (a last mini-batch too small for
+            `--micro-batches`, the names in `--cuts`), before any training; also for a
+            checkpoint that cannot be resumed, or (without `resume`) a checkpoint directory
+            that holds checkpoints already.
+    """
+    config = as_run_config(config)
+    started = time.perf_counter()
+    if config.cluster is not None:
+        # Before anything else touches TensorFlow: connecting reconfigures its context.
+        device_names = connect_cluster(config.trainer_cluster,
+                                       devices_per_worker=config.gpus_per_host or 1)
+        print(f"connected to {config.trainer_cluster.num_workers} workers; stages on "
+              f"{', '.join(device_names)}", flush=True)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            device_names = devices.setup_devices(config.gpus)
+    keras.utils.set_random_seed(config.seed)
+    info = data.get_info(config.dataset)
+    options = info.model_options()  # what a text model needs beyond shapes and classes
+    test_ds = data.load(
+        config.dataset, "test", batch_size=config.batch_size, data_dir=config.data_dir,
+        download=config.download, limit=config.limit,
+    )
+    num_train = data.split_size(config.dataset, "train", config.data_dir, config.limit)
+    input_checks.check_micro_batch_split(
+        num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
+    )
+    cuts = config.cuts
+    if config.resume and cuts == "auto" and config.checkpoint_dir is not None:
+        saved = checkpoint.saved_cuts(config.checkpoint_dir)
+        if saved is not None and config.mode in modes.PIPELINE_MODES:
+            cuts = saved
+            print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
+    trainer = trainers.build_trainer(
+        lambda: models.get_model(config.model, info.input_shape, info.num_classes, **options),
+        config.mode,
+        device_names,
+        learning_rate=config.lr,
+        optimizer=config.optimizer,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        cuts=cuts,
+        spectrain_target=config.spectrain_target,
+        micro_batches=config.micro_batches,
+        schedule=config.schedule,
+        recompute=config.recompute,
+        replicas=config.replicas,
+        metrics=["accuracy"],
+        batch_size=config.batch_size,
+        precision=config.precision,
+        steps_per_execution=config.steps_per_execution,
+    )
+    model = trainers.keras_model(trainer)
+    run = Run(config, device_names, model, trainer, test_ds, num_train, started)
+    run.steps_per_epoch = data.steps_per_epoch(
+        config.dataset, config.batch_size, config.limit, config.data_dir
+    )
+    if config.keep_checkpoints:
+        run.checkpoint = PipelineCheckpoint(
+            config.checkpoint_dir, keep=config.keep_checkpoints, metadata=run_facts(config)
+        )
+    if config.resume:
+        _restore(run)
+    elif run.checkpoint is not None:
+        checkpoint.refuse_existing(config.checkpoint_dir)
+    return run
+
+
+def example_unit(config):
+    """The plural noun of the run's examples, for messages: `"images"` or `"sequences"`."""
+    return "images" if data.get_info(config.dataset).input_kind == "image" else "sequences"
+
+
+def describe(run):
+    """Describes in one line what will be trained where, e.g. the pipeline's stages and cuts.
+
+    Args:
+        run: the `Run` from `prepare`.
+
+    Returns:
+        The line (with the checkpoint and position when the run resumes).
+    """
+    config = run.config
+    what = (f"{config.model} on {config.dataset} ({run.num_train} training "
+            f"{example_unit(config)})")
+    if config.precision != "float32":
+        what += f" in {config.precision}"
+    if isinstance(run.trainer, PipelineModel):
+        pipe = run.trainer
+        copies = "" if pipe.replicas == 1 else f"{pipe.replicas} replicas of a "
+        where = "; ".join(", ".join(d) for d in pipe.replica_devices)
+        return (
+            f"{what}: {copies}{config.mode} pipeline of {pipe.num_stages} stages on "
+            f"{where}, cut after {', '.join(pipe.cuts) or 'nothing'}"
+            f"{_resume_note(run)}"
+        )
+    where = ", ".join(run.device_names) if config.mode == "dp" else run.device_names[0]
+    return f"{what}: {config.mode} on {where}{_resume_note(run)}"
+
+
+def _resume_note(run):
+    """The end of `describe`'s line for a resumed run: the checkpoint and position."""
+    if run.resumed_from is None:
+        return ""
+    return (
+        f"; resuming {run.resumed_from} at epoch {run.start_epoch}, mini-batch "
+        f"{run.start_batch} of {run.steps_per_epoch}"
+    )
