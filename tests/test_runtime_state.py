@@ -5,7 +5,9 @@ import pytest
 
 from tf_spectrain import schedule
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.runtime.probe import WeightProbe
 from tf_spectrain.runtime.state import PipelineState, Progress, op_lists
+from tf_spectrain.schedule import modes
 
 
 def _pipe(mode="stash", micro_batches=1):
@@ -60,3 +62,19 @@ def test_state_is_read_only(name):
 def test_state_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'bogus'"):
         PipelineState(_pipe(), Progress()).bogus  # noqa: B018
+
+
+def test_state_attaches_and_detaches_probes_without_setting_attributes():
+    pipe = _pipe(mode="spectrain")
+    state = pipe.state
+    assert state.attach_probes(2) == () and state.probes == ()  # before compile: no stages
+    pipe.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    probes = state.attach_probes(2)
+    assert probes == state.probes and probes
+    assert all(isinstance(p, WeightProbe) and p.every == 2 for p in probes)
+    assert [r.probe for r in pipe.runners if r.probe is not None] == list(probes)
+    for runner in pipe.runners:  # exactly the stages with something to measure
+        horizons = modes.probe_horizons("spectrain", runner.k, 2, state.spectrain_target)
+        assert (runner.probe is not None) == (max(horizons) > 0)
+    state.detach_probes()
+    assert state.probes == () and all(r.probe is None for r in pipe.runners)

@@ -3,7 +3,8 @@
     pipe.fit(x, y, epochs=5, callbacks=[tf_spectrain.callbacks.Telemetry("runs/exp1")])
     # then: tensorboard --logdir runs
 
-`Telemetry`'s docstring lists the tags it writes.
+`Telemetry`'s docstring lists the tags it writes; `callbacks.pipeline_scalars` computes the
+`pipeline/*` ones.
 """
 
 import math
@@ -13,9 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain import checks, schedule
-from tf_spectrain.runtime.probe import WeightProbe
-from tf_spectrain.schedule import modes
+from tf_spectrain import checks
+from tf_spectrain.callbacks.pipeline_scalars import PipelineScalars
 
 # "auto" logs so that per-step logging costs under 2% of the step time; aim lower, since
 # both the cost of a write and the step time are measured with noise.
@@ -111,6 +111,7 @@ class Telemetry(keras.callbacks.Callback):
         self.prediction_every = prediction_every
         self.batch_size = batch_size
         self.state = None  # the pipeline's PipelineState, None for a plain Keras model
+        self._pipeline_scalars = None  # the PipelineScalars of `state`
         self.predictions = []
         self.stage_stats = []
         self.overhead_seconds = 0.0
@@ -120,7 +121,6 @@ class Telemetry(keras.callbacks.Callback):
         self.log_interval = _FIRST_AUTO_INTERVAL if log_every == "auto" else log_every
         self._writer = None
         self._writers_by_tags = {}  # tuple of tags -> tf.function writing them
-        self._schedule_bubbles = {}  # mini-batches -> the schedule's bubble fraction
         self._started = self._ended = None
 
     def set_pipeline(self, pipeline):
@@ -130,10 +130,12 @@ class Telemetry(keras.callbacks.Callback):
             pipeline: the `PipelineModel` being fitted.
         """
         self.state = pipeline.state
+        self._pipeline_scalars = PipelineScalars(self.state)
 
     # --- helpers --------------------------------------------------------------------------
 
     def _scalar(self, tag, value, step):
+        """Writes one scalar (eagerly) to the default writer."""
         tf.summary.scalar(tag, float(value), step=int(step))
 
     def _write_many(self, values, step):
@@ -154,12 +156,14 @@ class Telemetry(keras.callbacks.Callback):
         return traced
 
     def _learning_rate(self):
+        """The model's optimizer's learning rate, or None without an optimizer."""
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             return None
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
     def _images(self):
+        """Training examples so far (steps, when a plain model's batch size is unknown)."""
         if self.state is not None:
             return self.state.images_seen
         return self._step * (self.batch_size or 1)
@@ -170,11 +174,11 @@ class Telemetry(keras.callbacks.Callback):
         return epoch * per_epoch + batch
 
     def _probes(self):
-        if self.state is None:
-            return []
-        return [r.probe for r in self.state.runners if r.probe is not None]
+        """The probes attached to the pipeline's stages (none for a plain model)."""
+        return () if self.state is None else self.state.probes
 
     def _write_predictions(self):
+        """Writes the completed prediction measurements and keeps them in `predictions`."""
         for probe in self._probes():
             for result in probe.take_results():
                 self.predictions.append(result)
@@ -205,14 +209,8 @@ class Telemetry(keras.callbacks.Callback):
         self._log_costs = []
         self._epoch, self._offset = 0, 0
         self._epoch_ratios = {}  # (epoch, stage, pass) -> ratios not yet averaged
-        pipe = self.state
-        if pipe is not None and self.prediction_every and pipe.num_stages > 1:
-            for runner in pipe.runners:
-                horizons = modes.probe_horizons(
-                    pipe.mode, runner.k, pipe.num_stages, pipe.spectrain_target
-                )
-                if max(horizons) > 0:
-                    runner.probe = WeightProbe(runner, horizons, self.prediction_every)
+        if self.state is not None and self.prediction_every:
+            self.state.attach_probes(self.prediction_every)
         self.overhead_seconds += time.perf_counter() - started
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -277,46 +275,12 @@ class Telemetry(keras.callbacks.Callback):
         self.overhead_seconds += time.perf_counter() - started
 
     def _write_stages(self, epoch):
-        pipe = self.state
-        wall = max(pipe.epoch_seconds, 1e-9)
-        # Windows (steps_per_execution > 1) run every pass inside one graph call: there
-        # are no per-pass times, so no busy time, utilisation or measured bubble.
-        timed = any(pipe.timelines)
-        stats = []
-        for runner, plan, timeline in zip(pipe.runners, pipe.plans, pipe.timelines):
-            busy = sum(end - start for _, _, start, end in timeline) if timed else None
-            memory = runner.memory.estimate()
-            stats.append({"stage": runner.k, "busy_seconds": busy,
-                          "utilisation": None if busy is None else busy / wall,
-                          "memory_bytes": memory.peak, "in_flight_bytes": memory.peak_in_flight,
-                          "in_flight_micro_batches": memory.peak_micro_batches,
-                          "device_peak_bytes": memory.device_peak})
-            prefix = f"pipeline/stage_{runner.k}"
-            self._scalar(f"{prefix}/memory_bytes", memory.peak, epoch)
-            self._scalar(f"{prefix}/in_flight_bytes", memory.peak_in_flight, epoch)
-            self._scalar(f"{prefix}/in_flight_micro_batches", memory.peak_micro_batches, epoch)
-            if memory.device_peak is not None:
-                self._scalar(f"{prefix}/device_peak_bytes", memory.device_peak, epoch)
-            if timed:
-                self._scalar(f"{prefix}/busy_seconds", busy, epoch)
-                self._scalar(f"{prefix}/utilisation", busy / wall, epoch)
-            self._scalar(f"{prefix}/s_f", plan.forward_steps, epoch)
-            s_b = plan.forward_steps if plan.backward_steps is None else plan.backward_steps
-            self._scalar(f"{prefix}/s_b", s_b, epoch)
+        """Writes the epoch's `pipeline/*` scalars and keeps its per-stage figures."""
+        stats, scalars = self._pipeline_scalars.of_epoch()
+        for tag, value in scalars.items():
+            self._scalar(tag, value, epoch)
         self.stage_stats.append(stats)
-        if timed:
-            mean_util = sum(s["utilisation"] for s in stats) / len(stats)
-            self._scalar("pipeline/bubble_fraction", max(0.0, 1.0 - mean_util), epoch)
-        done = pipe.epoch_progress[1] if pipe.epoch_progress else 0
-        if done:
-            if done not in self._schedule_bubbles:
-                table = schedule.clock_table(pipe.op_lists(done))
-                self._schedule_bubbles[done] = schedule.bubble_fraction(table)
-            self._scalar("pipeline/bubble_fraction_schedule", self._schedule_bubbles[done], epoch)
-        self._scalar("pipeline/skipped_batches", pipe.batches_skipped, epoch)
-        probe_seconds = sum(p.seconds for p in self._probes())
-        self._scalar("pipeline/probe_seconds", probe_seconds, epoch)
-        self.probe_seconds = probe_seconds
+        self.probe_seconds = scalars["pipeline/probe_seconds"]
 
     def _write_prediction_means(self, final=False):
         """Writes the mean ratio per stage and pass of each epoch whose measurements are done."""
@@ -336,8 +300,7 @@ class Telemetry(keras.callbacks.Callback):
                 self._write_predictions()
                 self._write_prediction_means(final=True)
         if self.state is not None:
-            for runner in self.state.runners:
-                runner.probe = None
+            self.state.detach_probes()
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()

@@ -1,7 +1,9 @@
 """Runs one epoch of a pipeline: one thread per stage, each walking its instruction list.
 
-`EpochRun` holds an epoch's threads, hand-offs and failure handling, for one pipeline or R
-replicas of it; `split_batch` (from `runtime.feed`) cuts a mini-batch into parts.
+`EpochRun` holds an epoch's threads, data feed, watchdog and failure handling, for one
+pipeline or R replicas of it, and reports each mini-batch's results to the caller's thread;
+what each stage thread does with its ops is `runtime.stage_threads`. `split_batch` (from
+`runtime.feed`) cuts a mini-batch into parts.
 """
 
 import threading
@@ -12,50 +14,23 @@ import tensorflow as tf
 from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime.feed import Feed, split_batch
-from tf_spectrain.runtime.handoff import (
-    Board,
-    Channel,
-    FailureBox,
-    PipelineAborted,
-    watched_call,
-)
+from tf_spectrain.runtime.handoff import Board, FailureBox, PipelineAborted, watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
+from tf_spectrain.runtime.stage_threads import STOP, StageThreads
 
-__all__ = ["EpochRun", "split_batch", "to_host"]
+__all__ = ["EpochRun", "split_batch"]
 
-STOP = "tf_spectrain.stop"  # the marker that follows the last fed mini-batch
 # Once a worker is declared lost, how long to wait for the stage threads to end: a thread
 # blocked in a remote op on that worker never returns, and is left behind (a daemon).
 LOST_JOIN_SECONDS = 1.0
 _JOIN_SLICE = 0.05
 
 
-def _first(pair):
-    """The first item of a pair (a sort key)."""
-    return pair[0]
-
-
-def to_host(value):
-    """Copies the tensors of `value` (a nest) into this process' memory.
-
-    The caller's thread reads each mini-batch's loss, logits and layer losses; when they
-    live on a worker, a read there would block for ever if the worker hangs. A stage thread
-    (which the epoch can leave behind) copies them instead, once they are computed.
-
-    Args:
-        value: a tensor, or a nest of tensors (and other values, kept as they are).
-
-    Returns:
-        The same nest, with each tensor replaced by a local tensor of the same value.
-    """
-    return tf.nest.map_structure(lambda t: tf.constant(t.numpy()) if tf.is_tensor(t) else t,
-                                 value)
-
-
 class EpochRun:
-    """The shared state of one epoch: channels, the failure box, the data feed.
+    """One epoch: its stage threads, the data feed, the failure box and the caller's side.
 
-    Stage k's thread executes `ops[k]` (from `tf_spectrain.schedule`) in order. Activations go
+    Stage k's thread executes `op_lists[k]` (from `tf_spectrain.schedule`) in order, as
+    `runtime.stage_threads.StageThreads` says. Activations go
     from stage k to k+1 and gradients from k+1 to k through blocking `Channel`s, so data
     dependencies, not timing, order the work; which weights each pass uses therefore depends
     only on each stage's own order, as SPECTRAIN.md requires. Stage threads issue their passes
@@ -97,26 +72,18 @@ class EpochRun:
     ):
         self.grid = [list(runners)] if replicas is None else [list(r) for r in replicas]
         self.runners = self.grid[0]
-        self.op_lists = op_lists
-        self.micro_batches = micro_batches
-        self.keep = keep
         self.failure = FailureBox()
-        abort = self.failure.abort
-        n, num_replicas = len(self.runners), len(self.grid)
         self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
-        self.lanes = [_Lane(abort, n, r if num_replicas > 1 else None, clip_globally,
-                            shares_scale(self.runners))
-                      for r in range(num_replicas)]
-        self.feed = Feed(batches, self.num_batches, micro_batches, num_replicas)
-        # The R copies of stage k enter their gradients' all-reduce together, once all of
-        # them are ready: a replica that failed leaves the others waiting here (where an
-        # abort wakes them), not in the collective.
-        self.ready = ([Board(abort, num_replicas, num_replicas, f"replicas of stage {k}")
-                       for k in range(n)] if num_replicas > 1 else None)
+        self.feed = Feed(batches, self.num_batches, micro_batches, len(self.grid))
+        self.stages = StageThreads(self.grid, op_lists, self.feed, keep, self.failure, label,
+                                   clip_globally, shares_scale(self.runners))
         self.label = label
-        self.fed = None  # set to the number of mini-batches fed when stopped early
-        self.rates = None  # a Board of each mini-batch's learning rate, when `run` has on_begin
         self._watchdog = None  # the workers' watchdog while `run` runs, with remote stages
+
+    @property
+    def fed(self):
+        """The number of mini-batches fed, once stopped early; else None."""
+        return self.stages.fed
 
     def request_stop(self):
         """Feeds no further mini-batch; the epoch ends once those in flight are done.
@@ -128,113 +95,10 @@ class EpochRun:
         """
         self.feed.stop.set()
 
-    # --- stage threads ------------------------------------------------------------------
-
-    def _stop_here(self, lane, k, i):
-        """Passes the stop marker on from stage k: mini-batch i and later are not fed."""
-        if k == 0:
-            self.fed = i
-        if k < len(self.runners) - 1:
-            lane.activations[k].put(STOP)
-            if k == 0:
-                lane.labels.put(STOP)
-        else:
-            lane.results.put(STOP)
-
-    def _stage_loop(self, r, k):
-        stop_at = None
-        for op in self.op_lists[k]:
-            if self.failure.abort.is_set():
-                raise PipelineAborted("aborted")
-            if stop_at is not None and op.batch >= stop_at:
-                continue
-            try:
-                stopped = self._run_op(r, k, op)
-            except PipelineAborted:
-                raise
-            except BaseException as error:
-                if hasattr(error, "add_note"):
-                    where = f" of {self.label}" if self.label else ""
-                    copy = f" of replica {r}" if len(self.grid) > 1 else ""
-                    error.add_note(
-                        f"(tf_spectrain: stage {k}{copy} on {self.grid[r][k].device} failed "
-                        f"in the {op.kind} pass of mini-batch {op.batch}{where})"
-                    )
-                raise
-            if stopped is not None:
-                stop_at = stopped
-
-    def _run_op(self, r, k, op):
-        """Runs one op of stage k of replica r; returns the first batch not fed, once stopping."""
-        runner, lane = self.grid[r][k], self.lanes[r]
-        last = k == len(self.runners) - 1
-        key = (op.batch, op.micro)
-        if op.kind == schedule.FORWARD:
-            if k == 0:
-                if op.micro == 0 and op.batch > 0 and not self.feed.feeds(op.batch):
-                    self._stop_here(lane, k, op.batch)
-                    return op.batch
-                x, y, share = self.feed.part(r, op.batch, op.micro)
-                if not last:
-                    lane.labels.put((y, share))
-            else:
-                handed = lane.activations[k - 1].get()
-                if isinstance(handed, str) and handed == STOP:
-                    self._stop_here(lane, k, op.batch)
-                    return op.batch
-                x, share = handed
-            if last:
-                if k > 0:
-                    y, share = lane.labels.get()
-                loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
-                if self._watchdog is not None:
-                    loss, logits = to_host((loss, logits))
-                lane.losses.setdefault(op.batch, []).append((loss, logits, y))
-            else:
-                # Every stage weighs its layer losses by the micro-batch's share, so that
-                # a mini-batch's M micro-batches add them up once, as the loss is.
-                outputs = runner.forward(key, x, self.keep[k](key), scale=share)
-                lane.activations[k].put((outputs, share))
-            if self._watchdog is not None:
-                # The caller reads the layer losses: a copy here, not a remote read there.
-                penalties = runner.penalties.get(op.batch)
-                if penalties:
-                    penalties[-1] = to_host(penalties[-1])
-        elif op.kind == schedule.BACKWARD:
-            grads_out = None if last else lane.gradients[k].get()
-            grads_in = runner.backward(key, grads_out)
-            if k > 0:
-                lane.gradients[k - 1].put(grads_in)
-        else:
-            rate = None if self.rates is None else self.rates.wait(op.batch)[0]
-            if self.ready is not None:
-                self.ready[k].post(op.batch, (r, runner.pending_gradient))
-                gathered = [g for _, g in sorted(self.ready[k].wait(op.batch), key=_first)]
-                runner.reduce_pending(gathered)  # the sum over the replicas, in every copy
-            squares = None
-            if lane.norms is not None:
-                lane.norms.post(op.batch, (k, runner.pending_square_norm()))
-                squares = [x for _, x in sorted(lane.norms.wait(op.batch), key=_first)]
-            finite = None
-            if lane.flags is not None:  # sync mode's one loss scale: all stages decide together
-                finite = _gathered(lane.flags, op.batch, k, runner.pending_finite())
-            runner.update(learning_rate=rate, squares=squares, finite=finite)
-            if last:
-                lane.results.put((op.batch, lane.losses.pop(op.batch)))
-        return None
-
     def _begin(self, i, on_begin):
         """Caller: runs `on_begin(i)` and posts its learning rate, if batch i is to be fed."""
         if self.feed.may_begin(i):
-            self.rates.post(i, on_begin(i))
-
-    def _thread_main(self, r, k):
-        try:
-            self._stage_loop(r, k)
-        except BaseException as error:  # anything, even KeyboardInterrupt: re-raised in the caller
-            self.failure.record(error, None)  # _stage_loop's note says where
-
-    # --- caller -------------------------------------------------------------------------
+            self.stages.rates.post(i, on_begin(i))
 
     def run(self, on_batch, on_begin=None):
         """Runs the epoch; calls `on_batch(i, parts)` in this thread as results arrive.
@@ -269,18 +133,19 @@ class EpochRun:
         """
         replicated = len(self.grid) > 1
         threads = [
-            threading.Thread(target=self._thread_main, args=(r, k), daemon=True,
+            threading.Thread(target=self.stages.main, args=(r, k), daemon=True,
                              name=f"stage-{k}-replica-{r}" if replicated else f"stage-{k}")
             for r in range(len(self.grid)) for k in range(len(self.runners))
         ]
         if on_begin is not None:
-            self.rates = Board(self.failure.abort, 1, len(threads), "learning rates")
+            self.stages.rates = Board(self.failure.abort, 1, len(threads), "learning rates")
         self._watchdog = watchdog = watchdog_lib.watch(
             [runner.device for runners in self.grid for runner in runners],
             lambda error: self.failure.record(error, None),
             label=self.label,
             num_stages=len(self.runners) if replicated else None,
         )
+        self.stages.remote = watchdog is not None
         try:
             self._run_threads(threads, on_batch, on_begin)
         finally:
@@ -317,7 +182,7 @@ class EpochRun:
     def _results(self):
         """The next mini-batch's parts from every replica's last stage; None once stopped."""
         parts = []
-        for lane in self.lanes:
+        for lane in self.stages.lanes:
             result = lane.results.get()
             if isinstance(result, str) and result == STOP:
                 return None  # every replica stops at the same mini-batch
@@ -363,12 +228,6 @@ class EpochRun:
         return watched_call(fn, abandon, "tf_spectrain-wait", _JOIN_SLICE)
 
 
-def _gathered(board, i, k, value):
-    """Posts stage k's `value` of mini-batch i on `board`; every stage's, stage 0's first."""
-    board.post(i, (k, value))
-    return [x for _, x in sorted(board.wait(i), key=_first)]
-
-
 def _join(threads, watchdog):
     """Joins the stage threads; once `watchdog` has declared a worker lost, only for a while."""
     if watchdog is None:
@@ -384,17 +243,3 @@ def _join(threads, watchdog):
                 return  # the rest are blocked on the lost worker: left behind
             t.join(_JOIN_SLICE)
 
-
-class _Lane:
-    """One replica's hand-offs: activations, gradients, labels, results, losses, norms, flags."""
-
-    def __init__(self, abort, n, r, clip_globally, shared_scale=False):
-        of = "" if r is None else f" of replica {r}"
-        self.activations = [Channel(abort, f"activations {k}->{k + 1}{of}") for k in range(n - 1)]
-        self.gradients = [Channel(abort, f"gradients {k + 1}->{k}{of}") for k in range(n - 1)]
-        self.labels = Channel(abort, f"labels 0->last{of}")
-        self.results = Channel(abort, f"results{of}")
-        self.losses = {}  # last stage: i -> [(scaled loss, logits, labels)] until its update
-        self.norms = Board(abort, n, n, f"gradient norms{of}") if clip_globally else None
-        # Sync mode's one loss scale: every stage's "gradient finite" flag of a mini-batch.
-        self.flags = Board(abort, n, n, f"gradient flags{of}") if shared_scale else None

@@ -17,6 +17,7 @@ from tf_spectrain import prediction, schedule
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError
 from tf_spectrain.runtime.executor import EpochRun
+from tf_spectrain.runtime.probe import detach_probes
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.state import op_lists
 from tf_spectrain.runtime.window_epoch import WindowedEpoch
@@ -250,8 +251,7 @@ class FitLoop:
                 run.request_stop()  # stopped from outside before this epoch began
             run.run(hook, on_begin)
         except BaseException as error:
-            for runner in pipe.runners:
-                runner.probe = None  # measurements belong to this fit's callbacks
+            detach_probes(pipe.runners)  # measurements belong to this fit's callbacks
             # A worker that died fails the epoch with UnavailableError, or with another
             # error (a cancelled receive, say) in a stage that waited on it: either way,
             # its stages' weights can no longer be read (reading them would wait forever).

@@ -1,8 +1,8 @@
 """Measures how far the weights a pass used are from the weights it aimed at.
 
-`WeightProbe`, attached to a stage by the `Telemetry` callback, samples passes and
-compares their weights with the weights the stage really reaches later; its docstring
-says what is measured.
+`WeightProbe`, attached to a stage by `attach_probes` (which the `Telemetry` callback calls
+through `PipelineState.attach_probes`), samples passes and compares their weights with the
+weights the stage really reaches later; its docstring says what is measured.
 """
 
 import threading
@@ -11,6 +11,9 @@ import time
 import tensorflow as tf
 
 from tf_spectrain.runtime.graphs import graph_function
+from tf_spectrain.schedule import modes
+
+__all__ = ["WeightProbe", "attach_probes", "detach_probes"]
 
 
 def _distance(a, b):
@@ -188,3 +191,30 @@ class WeightProbe:
         """Drops measurements still waiting (e.g. after an aborted epoch)."""
         self._pending.clear()
         self._stash.clear()
+
+
+def attach_probes(runners, mode, target, every):
+    """Gives each stage whose passes aim at later weights a `WeightProbe` (`runner.probe`).
+
+    A stage whose horizons (`modes.probe_horizons`) are both 0 has nothing to measure and
+    keeps its probe (None, unless one was attached before); so does a one-stage pipeline.
+
+    Args:
+        runners: the pipeline's `StageRunner`s, stage 0 first.
+        mode: the pipeline mode.
+        target: SpecTrain's target, "paper" or "consistent".
+        every: measure mini-batches `0, every, 2 * every, ...` of each epoch.
+    """
+    num_stages = len(runners)
+    if num_stages < 2:
+        return
+    for runner in runners:
+        horizons = modes.probe_horizons(mode, runner.k, num_stages, target)
+        if max(horizons) > 0:
+            runner.probe = WeightProbe(runner, horizons, every)
+
+
+def detach_probes(runners):
+    """Removes the stages' probes: their passes are no longer measured."""
+    for runner in runners:
+        runner.probe = None

@@ -2,12 +2,14 @@
 
 The epoch loop (`runtime.loop`) writes a `Progress`; callbacks read it, and the stages'
 optimizers, timelines and schedules, through the read-only `PipelineState` that
-`PipelineModel.state` returns.
+`PipelineModel.state` returns. The one thing a callback may ask of the runtime through it
+is to measure the weight-prediction error (`attach_probes`, `detach_probes`).
 """
 
 import dataclasses
 
 from tf_spectrain import schedule
+from tf_spectrain.runtime import probe
 
 
 @dataclasses.dataclass
@@ -44,6 +46,10 @@ def op_lists(mode, num_stages, num_batches, micro_batches=1, order="gpipe"):
 class PipelineState:
     """A read-only view of a pipeline for callbacks (`PipelineModel.state`).
 
+    No attribute can be set. The only request that changes the runtime is the measurement of
+    weight-prediction errors: `attach_probes` gives the stages `runtime.probe.WeightProbe`s
+    (read back from `probes`), `detach_probes` removes them.
+
     Attributes:
         num_stages, mode, spectrain_target, micro_batches, schedule, recompute, devices,
             cuts: the pipeline's configuration.
@@ -57,6 +63,7 @@ class PipelineState:
         batches_skipped: mini-batches left out by `on_nan="skip"` in this `fit`.
         timelines: per stage, the `(kind, key, start, end)` of every pass of the epoch.
         memory: per stage, the bytes it kept alive in the epoch (`MemoryEstimate`).
+        probes: the attached `WeightProbe`s, in stage order (stages without one left out).
     """
 
     def __init__(self, pipeline, progress):
@@ -111,17 +118,36 @@ class PipelineState:
         """Each stage's `runtime.memory.MemoryEstimate` of the current or last epoch."""
         return tuple(r.memory.estimate() for r in self.runners)
 
+    @property
+    def probes(self):
+        """The stages' attached `runtime.probe.WeightProbe`s, as a tuple in stage order."""
+        return tuple(r.probe for r in self.runners if r.probe is not None)
+
     def op_lists(self, num_batches):
-        """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
-
-        Args:
-            num_batches: mini-batches in the epoch.
-
-        Returns:
-            A list of instruction lists, stage 0 first (see `runtime.state.op_lists`).
-        """
+        """Each stage's instruction list (`runtime.state.op_lists`) for `num_batches` batches."""
         p = self._pipeline
         return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches, p.schedule)
+
+    def attach_probes(self, every):
+        """Measures the weight-prediction error of the stages' passes until `detach_probes`.
+
+        Every stage of a pipeline of two or more whose passes aim at later weights
+        (`modes.probe_horizons`) gets a `runtime.probe.WeightProbe`; the measurements are
+        read from `probes`. The `Telemetry` callback attaches them at the start of `fit`.
+
+        Args:
+            every: measure mini-batches `0, every, 2 * every, ...` of each epoch.
+
+        Returns:
+            The attached probes (`probes`).
+        """
+        p = self._pipeline
+        probe.attach_probes(self.runners, p.mode, p.spectrain_target, every)
+        return self.probes
+
+    def detach_probes(self):
+        """Removes the stages' probes (at the end of `fit`): their passes are not measured."""
+        probe.detach_probes(self.runners)
 
 
 _PIPELINE_FIELDS = frozenset(
