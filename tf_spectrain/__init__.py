@@ -21,11 +21,11 @@ from tf_spectrain import (
     prediction,
     schedule,
 )
+from tf_spectrain._version import __version__
 from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.devices import setup_devices
 from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
 from tf_spectrain.prediction import SpecTrain, SpecTrainSGD
-from tf_spectrain.version import __version__
 
 __all__ = [
     "NonFiniteLossError",
