@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.prediction.wrapper import device_of
+from tf_spectrain.prediction.slots import device_of
 from tf_spectrain.workflow import keras_fit, optimizer_view
 from tf_spectrain.workflow.outputs import OutputMetrics
 

@@ -1,12 +1,14 @@
 """Weight prediction for pipeline stages: `SpecTrain(optimizer)` and `SpecTrainSGD`.
 
 - `directions`: each optimizer's next-update estimate `d` (momentum, Adam, last update).
-- `wrapper`: `SpecTrain`, any Keras optimizer that also answers `W + s * d`, and
-  `clone_optimizer`, `unwrapped`.
+- `formula`: the predicted weights `W + s * d` (and the check of the version gap `s`).
+- `wrapper`: `SpecTrain`, any Keras optimizer that also answers `W + s * d`, and `unwrapped`.
+- `cloning`: `clone_optimizer`, a fresh optimizer per stage; `slots`: slots beside weights.
 - `sgd`: `SpecTrainSGD`, the wrapper around momentum SGD (the paper's optimizer).
 """
 
+from tf_spectrain.prediction.cloning import clone_optimizer
 from tf_spectrain.prediction.sgd import SpecTrainSGD
-from tf_spectrain.prediction.wrapper import SpecTrain, clone_optimizer, unwrapped
+from tf_spectrain.prediction.wrapper import SpecTrain, unwrapped
 
 __all__ = ["SpecTrain", "SpecTrainSGD", "clone_optimizer", "unwrapped"]

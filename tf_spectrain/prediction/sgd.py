@@ -8,7 +8,10 @@ import keras
 from keras import ops
 
 from tf_spectrain.prediction import directions
-from tf_spectrain.prediction.wrapper import SpecTrain, add_beside, is_real_number, rebuild
+from tf_spectrain.prediction.cloning import rebuild
+from tf_spectrain.prediction.formula import is_real_number
+from tf_spectrain.prediction.slots import add_beside
+from tf_spectrain.prediction.wrapper import SpecTrain
 
 
 def _check_momentum(momentum):
@@ -154,19 +157,10 @@ class SpecTrainSGD(SpecTrain):
         return self.inner_optimizer.momentums if self.built else []
 
     def momentum_of(self, variable):
-        """Returns the momentum slot `m` of `variable`.
+        """The momentum slot `m` of `variable` (a `keras.Variable` or the `tf.Variable` it wraps).
 
-        Args:
-            variable: one of the trainable variables the optimizer was built with (a
-                `keras.Variable` or the `tf.Variable` it wraps).
-
-        Returns:
-            The `keras.Variable` holding `m` for `variable`; `None` for a variable marked
-            `overwrite_with_gradient`, which the optimizer overwrites instead of updating.
-
-        Raises:
-            ValueError: if the optimizer is not built yet, or was not built with `variable`.
-            TypeError: if `variable` is not a variable.
+        None for a variable marked `overwrite_with_gradient`, which the optimizer overwrites.
+        Raises a ValueError if not built (or not with `variable`), a TypeError for a non-variable.
         """
         found = self._direction(variable)
         return found.slots[0] if found.rule == directions.MOMENTUM else None
@@ -188,15 +182,6 @@ class SpecTrainSGD(SpecTrain):
         return keras.optimizers.Optimizer.from_config.__func__(cls, config, custom_objects)
 
     def clone_for_stage(self):
-        """Returns a fresh, unbuilt optimizer with this one's settings, for one stage.
-
-        Each pipeline stage gets its own optimizer: its own slots, iteration count and
-        (for a schedule) learning-rate position. A learning-rate schedule or callable is
-        shared, not copied (schedules are stateless). Exclusions from weight decay set
-        with `exclude_from_weight_decay` carry over.
-
-        Returns:
-            A new `SpecTrainSGD` (or subclass) with the same config.
-        """
+        """A fresh, unbuilt copy for one stage (`rebuild`: schedule shared, exclusions kept)."""
         return rebuild(type(self), self.get_config(), self.inner_optimizer,
                        inner_of=lambda clone: clone.inner_optimizer)

@@ -3,17 +3,18 @@
 The wrapper trains exactly as the optimizer it wraps (every update, slot, learning-rate
 schedule, weight decay and clipping is the inner optimizer's) and adds
 `predicted_weights(variables, s) = W + s * d`, with `d` the inner optimizer's next-update
-estimate (`tf_spectrain.prediction.directions`; docs/SPECTRAIN.md section 6c).
+estimate (`tf_spectrain.prediction.directions`; docs/SPECTRAIN.md section 6c), computed by
+`prediction.formula`.
 """
 
-import numbers
-
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from tf_spectrain.prediction import directions
+from tf_spectrain.prediction.cloning import clone_optimizer
+from tf_spectrain.prediction.formula import check_steps, is_real_number, predicted_weights
+from tf_spectrain.prediction.slots import add_beside
 
 DIRECTIONS = ("auto", directions.LAST_UPDATE)
 _DELEGATED = (
@@ -22,80 +23,9 @@ _DELEGATED = (
 )
 
 
-def is_real_number(value):
-    """Whether `value` is a real Python/NumPy number (not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_steps(steps):
-    """Returns `steps` (a version gap) as a number or scalar tensor, or raises.
-
-    Args:
-        steps: a Python number >= 0, a NumPy array or a scalar tensor.
-
-    Returns:
-        `steps`, a NumPy array converted to a tensor.
-
-    Raises:
-        ValueError: a negative number or a tensor that is not a scalar.
-        TypeError: anything else.
-    """
-    if is_real_number(steps):
-        if not steps >= 0:
-            raise ValueError(
-                "`steps` must be >= 0 (how many updates ahead to predict). "
-                f"Received: steps={steps!r}"
-            )
-        return steps
-    if isinstance(steps, np.ndarray):
-        steps = ops.convert_to_tensor(steps)
-    if not ops.is_tensor(steps) and not isinstance(steps, (tf.Variable, keras.Variable)):
-        raise TypeError(
-            "`steps` must be a Python number or a scalar tensor. "
-            f"Received: steps={steps!r} of type {type(steps).__name__}"
-        )
-    shape = tf.TensorShape(steps.shape)
-    if shape.rank not in (None, 0):
-        raise ValueError(
-            "`steps` must be a scalar (one version gap for all variables). "
-            f"Received: steps with shape {tuple(shape)}"
-        )
-    return steps
-
-
 def describe(variable):
     """A variable's path (or name) for messages."""
     return getattr(variable, "path", None) or getattr(variable, "name", repr(variable))
-
-
-def device_of(variable):
-    """The device a variable lives on, or None when it has none yet."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return getattr(variable, "device", None) or None
-
-
-def add_beside(add, reference_variable, **kwargs):
-    """Calls `add(reference_variable, **kwargs)` under the reference variable's device.
-
-    Keras places an optimizer slot beside its weight when built eagerly, but on the
-    default device when built inside a `tf.function`; this pins it in both cases. Under a
-    `tf.distribute` strategy (or for a variable without a device) `add` runs as it is,
-    and the strategy decides.
-
-    Args:
-        add: a Keras `add_variable_from_reference` (e.g. `super().add_variable_from_reference`).
-        reference_variable: the model variable the new variable mirrors.
-        **kwargs: `add`'s other arguments (`name`, `initializer`).
-
-    Returns:
-        What `add` returns: the new variable.
-    """
-    device = device_of(reference_variable)
-    if device is None or tf.distribute.has_strategy():
-        return add(reference_variable, **kwargs)
-    with tf.device(device):
-        return add(reference_variable, **kwargs)
 
 
 def unwrapped(optimizer):
@@ -278,16 +208,7 @@ class SpecTrain(keras.optimizers.Optimizer):
             )
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        """Adds a wrapper variable shaped like `reference_variable`, on its device.
-
-        Args:
-            reference_variable: the model variable the new variable mirrors.
-            name: the name suffix of the new variable.
-            initializer: its initializer. Defaults to zeros.
-
-        Returns:
-            The new `keras.Variable`.
-        """
+        """Adds a wrapper variable (`name`, zeros by default) beside `reference_variable`."""
         return add_beside(super().add_variable_from_reference, reference_variable,
                           name=name, initializer=initializer)
 
@@ -417,10 +338,7 @@ class SpecTrain(keras.optimizers.Optimizer):
         ds = self.update_directions(variables)
         if is_real_number(steps) and steps == 0:
             return [ops.convert_to_tensor(v) for v in variables]
-        return [
-            ops.add(ops.convert_to_tensor(v), ops.multiply(ops.cast(steps, v.dtype), d))
-            for v, d in zip(variables, ds)
-        ]
+        return predicted_weights(variables, ds, steps)
 
     # --- configuration ------------------------------------------------------------------
 
@@ -442,14 +360,7 @@ class SpecTrain(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
     def clone_for_stage(self):
-        """Returns a fresh, unbuilt wrapper around a fresh copy of the inner optimizer.
-
-        See `clone_optimizer`: a learning-rate schedule or callable is shared, weight-decay
-        exclusions carry over.
-
-        Returns:
-            A new `SpecTrain` with the same settings and no state.
-        """
+        """A new, unbuilt `SpecTrain` around a `clone_optimizer` of the inner optimizer."""
         return type(self)(clone_optimizer(self.inner_optimizer), direction=self.direction,
                           name=self.name)
 
@@ -457,46 +368,3 @@ class SpecTrain(keras.optimizers.Optimizer):
 for _name in _DELEGATED:
     setattr(SpecTrain, _name, _delegate(_name))
 del _name
-
-
-def clone_optimizer(optimizer):
-    """Builds a fresh optimizer with `optimizer`'s settings (each pipeline stage gets one).
-
-    A config round trip would lose a callable or unregistered learning-rate schedule and
-    the choices of `exclude_from_weight_decay`; this keeps them (a schedule is shared, not
-    copied: schedules are stateless).
-
-    Args:
-        optimizer: a Keras optimizer (a `SpecTrain` is cloned with its inner optimizer).
-
-    Returns:
-        A new, unbuilt optimizer of the same class and configuration.
-    """
-    if hasattr(optimizer, "clone_for_stage"):
-        return optimizer.clone_for_stage()
-    return rebuild(type(optimizer), optimizer.get_config(), optimizer)
-
-
-def rebuild(cls, config, settings_of, inner_of=lambda optimizer: optimizer):
-    """`cls.from_config(config)` with the schedule and weight-decay choices of `settings_of`.
-
-    Args:
-        cls: the optimizer class to build.
-        config: its config (changed in place).
-        settings_of: the Keras optimizer whose learning rate object and weight-decay
-            exclusions the new one takes.
-        inner_of: where in the new optimizer those exclusions go (a wrapper's inner one).
-
-    Returns:
-        The new optimizer.
-    """
-    rate = getattr(settings_of, "_learning_rate", None)  # Keras keeps the schedule here
-    if rate is not None and not isinstance(rate, keras.Variable):
-        config["learning_rate"] = rate
-    clone = cls.from_config(config)
-    # Keras' exclude_from_weight_decay() keeps its choices in these attributes of the base
-    # optimizer, and get_config() does not carry them.
-    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
-        if hasattr(settings_of, attr):
-            setattr(inner_of(clone), attr, getattr(settings_of, attr))
-    return clone

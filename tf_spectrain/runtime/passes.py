@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 
 from tf_spectrain.partition.keras_nodes import one_or_list
+from tf_spectrain.prediction.formula import predicted_weights
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import (
     all_finite,
@@ -152,7 +153,7 @@ class StagePasses:
         if not steps:
             return [tf.convert_to_tensor(v) for v in self.tf_trainable]
         ds = self.optimizer.update_directions(self.trainable)
-        return [v + steps * d for v, d in zip(self.tf_trainable, ds)]
+        return predicted_weights(self.tf_trainable, ds, steps)
 
     def input_targets(self, inputs):
         """The inputs whose gradient the previous stage needs (none on stage 0)."""

@@ -21,7 +21,7 @@ of tf_spectrain that does.
 import keras
 
 from tf_spectrain import prediction
-from tf_spectrain.prediction.wrapper import rebuild
+from tf_spectrain.prediction.cloning import rebuild
 
 __all__ = ["align_iterations", "keras_optimizer", "share_state"]
 
