@@ -1,4 +1,5 @@
-"""tf_spectrain.cluster.spec and sockets' parsers: tables of good and bad cluster specs.
+"""tf_spectrain.cluster.spec, addresses, tf_config, slots, device_names and sockets: tables of
+good and bad cluster specs.
 
 Pure Python: no TensorFlow op runs and no socket opens here (tests/test_worker.py starts
 real workers).
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from tf_spectrain.cluster import sockets, spec
+from tf_spectrain.cluster import device_names, slots, sockets, spec, tf_config
 
 A, B, C = "127.0.0.1:5000", "127.0.0.1:5001", "10.0.0.2:5000"
 
@@ -108,7 +109,7 @@ def config(cluster=None, task=None, **extra):
      (A, B), None, ("worker", 0)),
 ])
 def test_valid_tf_configs(text, workers, chief, task):
-    cluster = spec.parse_tf_config(text)
+    cluster = tf_config.parse_tf_config(text)
     assert (cluster.workers, cluster.chief, cluster.task) == (workers, chief, task)
     assert cluster.source == "TF_CONFIG"
     assert cluster.jobs() == ({"worker": list(workers), "chief": [chief]} if chief
@@ -144,7 +145,7 @@ def test_valid_tf_configs(text, workers, chief, task):
 ])
 def test_invalid_tf_configs(text, fragment):
     with pytest.raises(ValueError) as info:
-        spec.parse_tf_config(text)
+        tf_config.parse_tf_config(text)
     message = str(info.value)
     assert message.startswith("TF_CONFIG ")
     assert fragment in message, message
@@ -158,7 +159,7 @@ def test_invalid_tf_configs(text, fragment):
     ((None, None), {"TF_CONFIG": config(task={"type": "worker", "index": 1})}, ((A, B), 1)),
 ])
 def test_worker_slot(flags, environ, expected):
-    cluster, task = spec.worker_slot(*flags, environ=environ)
+    cluster, task = slots.worker_slot(*flags, environ=environ)
     assert (cluster.workers, task) == expected
 
 
@@ -174,19 +175,19 @@ def test_worker_slot(flags, environ, expected):
 ])
 def test_worker_slot_errors(flags, environ, fragment):
     with pytest.raises(ValueError) as info:
-        spec.worker_slot(*flags, environ=environ)
+        slots.worker_slot(*flags, environ=environ)
     assert fragment in str(info.value)
 
 
 def test_trainer_cluster():
-    assert spec.trainer_cluster(None, environ={}) is None
-    assert spec.trainer_cluster(f"{A},{B}", environ={}).workers == (A, B)
+    assert slots.trainer_cluster(None, environ={}) is None
+    assert slots.trainer_cluster(f"{A},{B}", environ={}).workers == (A, B)
     chief = config({"worker": [A], "chief": [C]}, {"type": "chief", "index": 0})
-    assert spec.trainer_cluster(None, environ={"TF_CONFIG": chief}).task == ("chief", 0)
-    assert spec.trainer_cluster(None, environ={"TF_CONFIG": config()}).task is None
+    assert slots.trainer_cluster(None, environ={"TF_CONFIG": chief}).task == ("chief", 0)
+    assert slots.trainer_cluster(None, environ={"TF_CONFIG": config()}).task is None
     with pytest.raises(ValueError, match="names worker task 1 for this process, but the "
                                          "trainer is the chief or holds no slot"):
-        spec.trainer_cluster(None, environ={"TF_CONFIG": config(
+        slots.trainer_cluster(None, environ={"TF_CONFIG": config(
             task={"type": "worker", "index": 1})})
 
 
@@ -207,7 +208,7 @@ def names(*specs):
 def test_stage_devices(found, per_worker, expected):
     local = ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:0"]
     cluster = spec.parse_cluster([A, B])
-    assert spec.stage_devices(local + found, cluster, per_worker) == expected
+    assert device_names.stage_devices(local + found, cluster, per_worker) == expected
 
 
 @pytest.mark.parametrize("found, per_worker, fragment", [
@@ -219,7 +220,7 @@ def test_stage_devices(found, per_worker, expected):
 ])
 def test_stage_devices_errors(found, per_worker, fragment):
     with pytest.raises(ValueError) as info:
-        spec.stage_devices(found, spec.parse_cluster([A, B]), per_worker)
+        device_names.stage_devices(found, spec.parse_cluster([A, B]), per_worker)
     assert fragment in str(info.value)
 
 

@@ -13,7 +13,8 @@ from tf_spectrain import costmodel
 
 # --- the pure parts stay pure -------------------------------------------------------------
 
-PURE = ["../checks", "hardware", "profile", "simulate", "predict", "planning", "__init__"]
+PURE = ["../checks", "hardware", "links", "profile", "simulate", "predict", "async_pipeline",
+        "sync_pipeline", "planning", "__init__"]
 
 
 @pytest.mark.parametrize("module", PURE)

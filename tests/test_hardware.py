@@ -1,4 +1,4 @@
-"""Tests for tf_spectrain.costmodel.hardware: the presets, the checks of a `Hardware`,
+"""Tests for tf_spectrain.costmodel.hardware and links: the presets, the checks of a `Hardware`,
 and its transfer and ring all-reduce times worked out by hand."""
 
 import math

@@ -1,6 +1,6 @@
-"""Tests for tf_spectrain.costmodel.predict: the time per mini-batch on one device, with
-data parallelism, and of a pipeline (steady state and whole epochs), worked out by hand;
-bad arguments refused."""
+"""Tests for tf_spectrain.costmodel.predict, async_pipeline and sync_pipeline: the time
+per mini-batch on one device, with data parallelism, and of a pipeline (steady state and
+whole epochs), worked out by hand; bad arguments refused."""
 
 import math
 

@@ -65,10 +65,10 @@ def main(argv=None):
 
     import tensorflow as tf
 
-    from tf_spectrain.cluster import server, spec
+    from tf_spectrain.cluster import server, slots
 
     try:
-        cluster, task = spec.worker_slot(args.cluster, args.task)
+        cluster, task = slots.worker_slot(args.cluster, args.task)
         worker = server.start_worker(cluster, task, cpu_devices=args.cpu_devices,
                                      bind_all=args.bind_all)
     except (TypeError, ValueError) as error:

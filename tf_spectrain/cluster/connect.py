@@ -23,7 +23,7 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.cluster import health, sockets, spec
+from tf_spectrain.cluster import addresses, device_names, health, slots, sockets, spec
 from tf_spectrain.cluster import record as record_lib
 
 DEFAULT_TIMEOUT = 5.0
@@ -31,7 +31,7 @@ DEFAULT_TIMEOUT = 5.0
 
 def _as_cluster(cluster):
     if cluster is None:
-        found = spec.trainer_cluster(None)
+        found = slots.trainer_cluster(None)
         if found is None:
             raise ValueError(
                 "`connect_cluster` needs a cluster: pass `cluster='h0:p0,h1:p1'` (or a list "
@@ -54,7 +54,7 @@ def check_listening(cluster, timeout=DEFAULT_TIMEOUT):
     """
     deadline = time.monotonic() + timeout
     for task, address in enumerate(cluster.workers):
-        host, port = spec.split_address(address)
+        host, port = addresses.split_address(address)
         reason = sockets.wait_until_listening(host, int(port),
                                               max(0.0, deadline - time.monotonic()))
         if reason is not None:
@@ -186,7 +186,7 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
     timeout = checks.check_number("timeout", timeout, 0, meaning="seconds")
     check_listening(cluster, timeout)
     names = _connect(cluster)
-    devices = spec.stage_devices(names, cluster, devices_per_worker)
+    devices = device_names.stage_devices(names, cluster, devices_per_worker)
     if versions:
         check_versions(cluster)
     health.remember(cluster)

@@ -10,7 +10,7 @@ import re
 
 import tensorflow as tf
 
-from tf_spectrain.cluster import sockets, spec
+from tf_spectrain.cluster import addresses, sockets
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 _NOTE_START = "(tf_spectrain: worker "
@@ -95,7 +95,7 @@ def lost_workers_note(devices, cluster=None, timeout=1.0, num_stages=None):
         return None
     lost = []
     for task, stages in sorted(held_stages(devices, cluster.num_workers).items()):
-        host, port = spec.split_address(cluster.workers[task])
+        host, port = addresses.split_address(cluster.workers[task])
         reason = sockets.wait_until_listening(host, int(port), timeout)
         if reason is not None:
             held = name_stages(stages, num_stages)

@@ -13,8 +13,8 @@ Resources are shared between the sessions of a server because TensorFlow's defau
 
 import tensorflow as tf
 
-from tf_spectrain.cluster import spec
-from tf_spectrain.version import __version__
+from tf_spectrain._version import __version__
+from tf_spectrain.cluster import device_names, spec
 
 RECORD_NAME = "tf_spectrain_worker_record"
 VERSION_KEYS = ("tensorflow", "tf_spectrain")
@@ -64,7 +64,7 @@ def publish_record(server, cluster, task, record):
     Returns:
         The names of the server's devices, in TensorFlow's order.
     """
-    prefix = spec.worker_device_prefix(task)
+    prefix = device_names.worker_device_prefix(task)
     graph = tf.Graph()
     with graph.as_default(), tf.device(f"{prefix}/device:CPU:0"):
         items = tf.constant([f"{key}={value}" for key, value in sorted(record.items())])
@@ -89,7 +89,7 @@ def read_record(task):
             tf_spectrain worker).
         tf.errors.OpError: if the worker cannot be reached.
     """
-    with tf.device(f"{spec.worker_device_prefix(task)}/device:CPU:0"):
+    with tf.device(f"{device_names.worker_device_prefix(task)}/device:CPU:0"):
         items = tf.raw_ops.ReadVariableOp(resource=_handle(), dtype=tf.string)
     record = {}
     for item in items.numpy():

@@ -17,8 +17,8 @@ import os
 import tensorflow as tf
 
 from tf_spectrain import checks
+from tf_spectrain.cluster import addresses, sockets, spec
 from tf_spectrain.cluster import record as record_lib
-from tf_spectrain.cluster import sockets, spec
 
 
 class WildcardBindError(RuntimeError):
@@ -88,7 +88,7 @@ def server_config(cpu_devices=None):
 
 def _wildcard_message(worker, listening):
     address = worker.cluster.workers[worker.task]
-    host, port = spec.split_address(address)
+    host, port = addresses.split_address(address)
     if listening is None:
         seen = ("its socket could not be read from /proc, and TensorFlow 2.21 binds "
                 f"0.0.0.0:{port}")
@@ -130,7 +130,7 @@ def start_worker(cluster, task, *, cpu_devices=None, bind_all=False, versions=No
     config = server_config(cpu_devices)
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster.jobs()), job_name=spec.WORKER,
                                   task_index=task, config=config, start=False)
-    _, port = spec.split_address(cluster.workers[task])
+    _, port = addresses.split_address(cluster.workers[task])
     listening = sockets.listening_addresses(port=int(port))
     worker = WorkerServer(server=server, cluster=cluster, task=task, devices=[],
                           listening=listening, record=record_lib.make_record(cluster, task,

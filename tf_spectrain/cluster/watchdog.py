@@ -32,7 +32,7 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.cluster import health, sockets, spec
+from tf_spectrain.cluster import addresses, device_names, health, sockets, spec
 
 DEFAULT_DEADLINE = 7.0
 DEFAULT_INTERVAL = 1.0
@@ -118,14 +118,14 @@ class WorkerProbe:
             tf.errors.OpError: if the worker cannot run it.
             RuntimeError: if the answer is wrong.
         """
-        host, port = spec.split_address(self.address)
+        host, port = addresses.split_address(self.address)
         if sockets.wait_until_listening(host, int(port), REFUSED_SECONDS) == "connection refused":
             # Nothing listens there any more (the worker died): no need to wait the deadline.
             raise ConnectionRefusedError(f"{self.address} refuses connections")
         if self._session is None:
             graph = tf.Graph()
             with graph.as_default(), tf.device(
-                    f"{spec.worker_device_prefix(self.task)}/device:CPU:0"):
+                    f"{device_names.worker_device_prefix(self.task)}/device:CPU:0"):
                 fetch = tf.raw_ops.Identity(input=tf.constant(2, tf.int32))
             # Only this worker: the session must not wait on the others.
             config = tf.compat.v1.ConfigProto(

@@ -16,6 +16,7 @@ TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
     print(pipe.images_per_second / dp.images_per_second)
 """
 
+from tf_spectrain.costmodel.async_pipeline import predict_hybrid, predict_pipeline
 from tf_spectrain.costmodel.hardware import NVLINK, PCIE3_X16, Hardware
 from tf_spectrain.costmodel.plan import PartitionPlan
 from tf_spectrain.costmodel.planning import MemoryLimitError, best_cuts, plan_partition
@@ -23,10 +24,7 @@ from tf_spectrain.costmodel.predict import (
     Estimate,
     pipeline_times,
     predict_data_parallel,
-    predict_hybrid,
-    predict_pipeline,
     predict_single,
-    predict_sync,
 )
 from tf_spectrain.costmodel.profile import (
     LayerProfile,
@@ -37,6 +35,7 @@ from tf_spectrain.costmodel.profile import (
 from tf_spectrain.costmodel.runtime_costs import PASS_BY_PASS, WINDOWS, RuntimeCosts
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
 from tf_spectrain.costmodel.stage_terms import StageEstimate, StageTerms
+from tf_spectrain.costmodel.sync_pipeline import predict_sync
 
 _MEASURING = ("profile_model", "measure_link", "measure_concurrency", "measure_stages")
 

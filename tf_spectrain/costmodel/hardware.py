@@ -14,6 +14,37 @@ the inter-host link (`inter_host_bandwidth`, `inter_host_latency`).
 import dataclasses
 
 from tf_spectrain import checks
+from tf_spectrain.costmodel.links import (
+    check_devices,
+    check_groups,
+    link_seconds,
+    ring_hops,
+    ring_seconds,
+    shared_links,
+)
+
+# The number fields: whether 0 is invalid (strict), whether math.inf is valid, meaning.
+_NUMBER_FIELDS = {
+    "relative_speed": (
+        True, False, "how many times faster a device computes than the profiled one"
+    ),
+    "bandwidth": (
+        True, True, "bytes per second per link and direction; PCIe 3.0 x16 is about 12e9"
+    ),
+    "latency": (False, False, "seconds per transfer"),
+    "inter_host_bandwidth": (
+        True, True, "bytes per second between hosts; 25 Gb/s is 3.125e9"
+    ),
+    "inter_host_latency": (False, False, "seconds per transfer between hosts"),
+}
+
+
+def _check_number_field(field, value):
+    """Checks one of the `_NUMBER_FIELDS` (>= 0 or > 0) and returns it as a number."""
+    strict, allow_inf, meaning = _NUMBER_FIELDS[field]
+    return checks.check_number(
+        field, value, 0.0, strict=strict, allow_inf=allow_inf, meaning=meaning
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,22 +100,8 @@ class Hardware:
 
         devices = checks.check_int("num_gpus", self.num_gpus, 1, meaning="the number of devices")
         set_("num_gpus", devices)
-        set_(
-            "relative_speed",
-            checks.check_number(
-                "relative_speed", self.relative_speed, 0.0, strict=True,
-                meaning="how many times faster a device computes than the profiled one",
-            ),
-        )
-        set_(
-            "bandwidth",
-            checks.check_number(
-                "bandwidth", self.bandwidth, 0.0, strict=True, allow_inf=True,
-                meaning="bytes per second per link and direction; PCIe 3.0 x16 is about 12e9",
-            ),
-        )
-        latency = checks.check_number("latency", self.latency, 0.0, meaning="seconds per transfer")
-        set_("latency", latency)
+        for field in ("relative_speed", "bandwidth", "latency"):
+            set_(field, _check_number_field(field, getattr(self, field)))
         if self.concurrency is None:
             set_("concurrency", float(self.num_gpus))
         else:
@@ -104,6 +121,7 @@ class Hardware:
         self._check_hosts(set_)
 
     def _check_hosts(self, set_):
+        """Checks and sets the fields about hosts and the links between them."""
         hosts = checks.check_int("num_hosts", self.num_hosts, 1, meaning="hosts")
         if self.num_gpus % hosts:
             raise ValueError(
@@ -111,25 +129,17 @@ class Hardware:
                 f"devices. Received: num_hosts={self.num_hosts!r}, num_gpus={self.num_gpus}"
             )
         set_("num_hosts", hosts)
-        for field, what in (
-            ("inter_host_bandwidth", "bytes per second between hosts; 25 Gb/s is 3.125e9"),
-            ("inter_host_latency", "seconds per transfer between hosts"),
-        ):
+        for field in ("inter_host_bandwidth", "inter_host_latency"):
             value = getattr(self, field)
             if value is None:
                 if hosts > 1:
                     raise ValueError(
-                        f"`{field}` is required when `num_hosts` > 1 ({what}). Received: "
+                        f"`{field}` is required when `num_hosts` > 1 "
+                        f"({_NUMBER_FIELDS[field][2]}). Received: "
                         f"num_hosts={hosts}, {field}=None"
                     )
                 continue
-            if field == "inter_host_bandwidth":
-                value = checks.check_number(
-                    field, value, 0.0, strict=True, allow_inf=True, meaning=what
-                )
-            else:
-                value = checks.check_number(field, value, 0.0, meaning=what)
-            set_(field, value)
+            set_(field, _check_number_field(field, value))
         set_(
             "nics_per_host",
             checks.check_int(
@@ -177,15 +187,8 @@ class Hardware:
         return device // self.gpus_per_host
 
     def crossing_hops(self, devices):
-        """The hops of a chain of devices that cross from one host to another.
-
-        Args:
-            devices: device indices in chain order (a pipeline's stage devices).
-
-        Returns:
-            The positions `k` whose hop `devices[k] -> devices[k + 1]` joins two hosts.
-        """
-        hosts = [self.host_of(d) for d in _check_devices(devices)]
+        """The positions `k` of a chain of `devices` whose hop `k -> k + 1` joins two hosts."""
+        hosts = [self.host_of(d) for d in check_devices(devices)]
         return [k for k in range(len(hosts) - 1) if hosts[k] != hosts[k + 1]]
 
     def link(self, source, target):
@@ -211,23 +214,12 @@ class Hardware:
         Raises:
             TypeError, ValueError: for a device index out of range.
         """
-        hops = [(self.host_of(a), self.host_of(b)) for a, b in hops]
-        leaving, entering = {}, {}
-        for a, b in hops:
-            if a != b:
-                leaving[a] = leaving.get(a, 0) + 1
-                entering[b] = entering.get(b, 0) + 1
-        out = []
-        for a, b in hops:
-            if a == b:
-                out.append((self.bandwidth, self.latency))
-                continue
-            bandwidth = self.inter_host_bandwidth
-            flows = max(leaving[a], entering[b])
-            if self.nics_per_host is not None and flows > self.nics_per_host:
-                bandwidth = bandwidth * self.nics_per_host / flows
-            out.append((bandwidth, self.inter_host_latency))
-        return out
+        return shared_links(
+            [(self.host_of(a), self.host_of(b)) for a, b in hops],
+            (self.bandwidth, self.latency),
+            (self.inter_host_bandwidth, self.inter_host_latency),
+            self.nics_per_host,
+        )
 
     def transfer_time(self, num_bytes, source=None, target=None):
         """Seconds to send `num_bytes` over one link: `latency + num_bytes / bandwidth`.
@@ -308,20 +300,7 @@ class Hardware:
         Raises:
             TypeError, ValueError: for invalid bytes or devices.
         """
-        checks.check_instance("groups", groups, (list, tuple), " of (num_bytes, devices)")
-        rings = []
-        for g, group in enumerate(groups):
-            if not isinstance(group, (list, tuple)) or len(group) != 2:
-                raise TypeError(
-                    f"`groups[{g}]` must be a pair (num_bytes, devices). Received: {group!r}"
-                )
-            num_bytes = checks.check_number(
-                f"groups[{g}] num_bytes", group[0], 0.0, meaning="bytes"
-            )
-            devices = _check_devices(group[1])
-            for d in devices:
-                self.host_of(d)
-            rings.append((num_bytes, devices))
+        rings = check_groups(groups, self.host_of)
         active = [g for g, (b, d) in enumerate(rings) if b > 0 and len(d) > 1]
         links = self.ring_links([rings[g][1] for g in active])
         times = [0.0] * len(rings)
@@ -339,65 +318,13 @@ class Hardware:
             Per ring, the `(bandwidth, latency)` of its hops `devices[i] -> devices[i + 1]`
             (the last to the first); none for a one-device ring.
         """
-        hops = [_ring_hops(devices) for devices in rings]
+        hops = [ring_hops(devices) for devices in rings]
         flat = self.links([hop for ring in hops for hop in ring])
         out, at = [], 0
         for ring in hops:
             out.append(flat[at : at + len(ring)])
             at += len(ring)
         return out
-
-
-def link_seconds(links, num_bytes, latency_count=1):
-    """Seconds to move `num_bytes` over the slowest of `links`: `latency + bytes / bandwidth`.
-
-    Args:
-        links: `(bandwidth, latency)` pairs of transfers that must all end (replicas
-            handing the same tensor on at the same time), at least one.
-        num_bytes: bytes each transfer moves, >= 0 (0 costs nothing, no latency either).
-        latency_count: how many transfers the bytes are split into, each paying the
-            latency (GPipe micro-batches).
-
-    Returns:
-        The time in seconds.
-    """
-    if num_bytes == 0:
-        return 0.0
-    return max(latency_count * latency + num_bytes / bandwidth for bandwidth, latency in links)
-
-
-def ring_seconds(links, num_bytes):
-    """Seconds of a ring all-reduce of `num_bytes` whose `n` hops have `links`.
-
-    `2 (n - 1)` steps of a `num_bytes / n` chunk on every hop, each step as long as its
-    slowest hop: `2 (n - 1) / n * num_bytes / bandwidth + 2 (n - 1) * latency` with the
-    slowest hop's link; 0 when `n <= 1` or there are no bytes.
-    """
-    n = len(links)
-    if n <= 1 or num_bytes == 0:
-        return 0.0
-    steps = 2 * (n - 1)
-    bandwidth, latency = max(links, key=lambda link: link[1] + num_bytes / n / link[0])
-    return steps / n * num_bytes / bandwidth + steps * latency
-
-
-def _ring_hops(devices):
-    n = len(devices)
-    return [] if n < 2 else [(devices[i], devices[(i + 1) % n]) for i in range(n)]
-
-
-def _check_devices(devices):
-    """`devices` as a list of distinct int device indices."""
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, (list, tuple, range)):
-        raise TypeError(
-            f"`devices` must be a list of device indices. Received: devices={devices!r}"
-        )
-    devices = [checks.check_int("devices", d, 0, meaning="a device index") for d in devices]
-    if not devices or len(set(devices)) != len(devices):
-        raise ValueError(
-            f"`devices` must be a non-empty list of distinct device indices. Received: {devices}"
-        )
-    return devices
 
 
 PCIE3_X16 = Hardware(

@@ -18,7 +18,7 @@ linearly and divided by `relative_speed`; the same for both `sync` schedules):
   latency once per micro-batch), over the link of that hop (`hop_links`: the one between
   hosts where the hop crosses them).
 - `allreduce`: with `replicas` R > 1 copies of the pipeline, the ring all-reduce of the
-  stage's gradients over its R copies before each update (`hardware.ring_seconds` over
+  stage's gradients over its R copies before each update (`links.ring_seconds` over
   the stage's `ring_links`); each copy then runs `batch / R` examples.
 
 Memory, bytes on the stage's device:
@@ -50,7 +50,7 @@ import math
 
 from tf_spectrain import checks
 from tf_spectrain import schedule as schedule_lib
-from tf_spectrain.costmodel.hardware import link_seconds, ring_seconds
+from tf_spectrain.costmodel.links import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
 from tf_spectrain.schedule import modes
 
