@@ -17,38 +17,17 @@ _SHOW_LIMIT = 120
 
 
 def is_int(value):
-    """Tells whether `value` is an integral number (Python or NumPy) that is not a bool.
-
-    Args:
-        value: the value to test.
-
-    Returns:
-        True for an integral number that is not a bool, else False.
-    """
+    """Whether `value` is an integral number (Python or NumPy) that is not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value):
-    """Tells whether `value` is a real number (Python or NumPy) that is not a bool.
-
-    Args:
-        value: the value to test.
-
-    Returns:
-        True for a real number that is not a bool, else False.
-    """
+    """Whether `value` is a real number (Python or NumPy) that is not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def show(value):
-    """Shows `value` for a message: its `repr`, shortened to a readable length.
-
-    Args:
-        value: any value.
-
-    Returns:
-        `repr(value)`, cut to 120 characters (ending in "...") when longer.
-    """
+    """`repr(value)` for a message, cut to 120 characters (ending in "...") when longer."""
     text = repr(value)
     return text if len(text) <= _SHOW_LIMIT else text[: _SHOW_LIMIT - 3] + "..."
 
@@ -325,12 +304,5 @@ def check_writable_dir(name, path, probe_prefix=".tmp-probe-"):
 
 
 def os_reason(error):
-    """Gives the system's reason for an `OSError`.
-
-    Args:
-        error: the `OSError`.
-
-    Returns:
-        Its `strerror`, else its text.
-    """
+    """The system's reason for an `OSError`: its `strerror`, else its text."""
     return error.strerror or str(error)

@@ -74,17 +74,10 @@ def default_devices(num_stages):
 
 
 def logical_device_names():
-    """Returns the full names of every logical device, local or of a connected cluster.
+    """Full names of every logical device, local or of a connected cluster, in TF's order.
 
-    Unlike `existing_devices`, the names are fully qualified, such as
-    `"/job:localhost/replica:0/task:0/device:CPU:0"`, and include the devices of remote
-    jobs once `tf.config.experimental_connect_to_cluster` has connected them.
-
-    This initialises the TensorFlow runtime if it is not yet initialised.
-
-    Returns:
-        A list of device name strings, in TensorFlow's order.
-    """
+    E.g. `"/job:localhost/replica:0/task:0/device:CPU:0"`, unlike `existing_devices`;
+    initialises the TensorFlow runtime if it is not yet initialised."""
     return [d.name for d in tf.config.list_logical_devices()]
 
 
@@ -149,17 +142,8 @@ def _existing_or_raise(n, gpus):
 
 
 def split_counts(num_physical, n):
-    """Shares `n` logical devices among `num_physical` devices, as evenly as possible.
-
-    The first devices take one more: `split_counts(3, 8) == [3, 3, 2]`.
-
-    Args:
-        num_physical: the number of physical devices (>= 1).
-        n: the number of logical devices wanted.
-
-    Returns:
-        A list of `num_physical` counts that sum to `n`.
-    """
+    """Shares `n` logical devices among `num_physical` devices, the first taking one more:
+    `split_counts(3, 8) == [3, 3, 2]`."""
     return [n // num_physical + (1 if i < n % num_physical else 0) for i in range(num_physical)]
 
 

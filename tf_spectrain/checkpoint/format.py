@@ -64,15 +64,8 @@ class UnreadableFile(CheckpointError):
 
 
 def checkpoint_name(epoch, batch):
-    """Names the directory of the checkpoint of `(epoch, batch)`, e.g. `ckpt-e0003-b000017`.
-
-    Args:
-        epoch: completed epochs.
-        batch: mini-batches done in the epoch in progress.
-
-    Returns:
-        The directory name, as a str.
-    """
+    """The directory name of the checkpoint after `epoch` epochs and `batch` batches,
+    e.g. `ckpt-e0003-b000017`."""
     return f"ckpt-e{epoch:04d}-b{batch:06d}"
 
 

@@ -47,14 +47,7 @@ def trainer_model(trainer):
 
 
 def is_pipeline(trainer):
-    """Tells whether `trainer` is a `tf_spectrain.PipelineModel`.
-
-    Args:
-        trainer: any object.
-
-    Returns:
-        True for a `PipelineModel`, else False.
-    """
+    """Whether `trainer` is a `tf_spectrain.PipelineModel`."""
     return isinstance(trainer, PipelineModel)
 
 

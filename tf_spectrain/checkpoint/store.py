@@ -87,18 +87,7 @@ def save_checkpoint(directory, arrays, metadata, *, epoch, batch=0, keep=3):
 
 
 def check_keep(keep):
-    """Checks a number of checkpoints to keep: an int >= 1, or None for all.
-
-    Args:
-        keep: the value to check.
-
-    Returns:
-        `keep` as an int, or None.
-
-    Raises:
-        TypeError: `keep` is not an int or None.
-        ValueError: `keep` is < 1.
-    """
+    """`keep` checked as an int >= 1 (TypeError, ValueError), or None for all checkpoints."""
     return checks.check_int("keep", keep, 1, none_ok=True)
 
 
@@ -134,17 +123,9 @@ def list_checkpoints(directory):
 
 
 def latest_checkpoint(directory):
-    """The newest complete checkpoint in `directory`.
+    """The path of the newest complete checkpoint in `directory`, or None if there is none.
 
-    Args:
-        directory: the checkpoint directory (str or `os.PathLike`).
-
-    Returns:
-        The path with the largest `(epoch, batch)`, or `None` if there is none.
-
-    Raises:
-        TypeError: `directory` is not a path.
-    """
+    Raises TypeError if `directory` is not a path."""
     paths = list_checkpoints(directory)
     return paths[-1] if paths else None
 

@@ -168,14 +168,7 @@ def _check_name(name):
 
 
 def check_split(split):
-    """Checks that `split` is `"train"` or `"test"`.
-
-    Args:
-        split: the value to check.
-
-    Raises:
-        ValueError: for anything else.
-    """
+    """Raises ValueError unless `split` is `"train"` or `"test"`."""
     if split not in ("train", "test"):
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
 
@@ -217,38 +210,18 @@ def dataset_names():
 
 
 def get_info(name):
-    """Returns the `DatasetInfo` of a dataset. Runs no TensorFlow op.
-
-    Args:
-        name: a dataset name, one of `dataset_names()`.
-
-    Returns:
-        A `DatasetInfo`.
-
-    Raises:
-        ValueError: if `name` is not a known dataset.
-    """
+    """The `DatasetInfo` of dataset `name` (ValueError for an unknown one). Runs no TF op."""
     name = _check_name(name)
     return _pydoc_info(name) if name in PYDOC_SETS else _INFOS[name]
 
 
 def check_available(name, data_dir=None, download=False):
-    """Checks, without TensorFlow and without network, that `load` can read a dataset.
+    """Checks, without TensorFlow or network, that `load` can read dataset `name`.
 
-    A tensorflow-datasets dataset is available when it is prepared on disk, i.e. some
-    `<data_dir>/<name>/<version>/dataset_info.json` exists (for `imdb_reviews`
-    `<data_dir>/imdb_reviews/plain_text/<version>/dataset_info.json`), or when
-    `download=True` (then `load` downloads and prepares it if needed). `digits`, `pydoc`
-    and `pydoc_words` are always available.
-
-    Args:
-        name: a dataset name, one of `dataset_names()`.
-        data_dir: the tensorflow-datasets data directory; None means tfds' default
-            (`$TFDS_DATA_DIR`, else `~/tensorflow_datasets`).
-        download: whether downloading is allowed.
-
-    Returns:
-        None.
+    A tensorflow-datasets set is available when prepared on disk (some
+    `<data_dir>/<name>[/<config>]/<version>/dataset_info.json`) or when `download=True`;
+    `digits`, `pydoc` and `pydoc_words` always are. `data_dir` None means tfds' default
+    (`$TFDS_DATA_DIR`, else `~/tensorflow_datasets`).
 
     Raises:
         ValueError: if `name` is not a known dataset.
@@ -270,16 +243,8 @@ def default_data_dir():
 
 
 def tfds_name(name, version=None):
-    """Returns the name tensorflow-datasets knows a dataset by, e.g. for `tfds.load`.
-
-    Args:
-        name: a tensorflow-datasets set of `dataset_names()`.
-        version: None, or a prepared version such as `"1.0.0"`.
-
-    Returns:
-        `name`, with its builder config if it has one (`"imdb_reviews/plain_text"`) and
-        `":<version>"` when `version` is given.
-    """
+    """The name tensorflow-datasets knows set `name` by (`"imdb_reviews/plain_text"`), with
+    `":<version>"` when `version` is given."""
     full = f"{name}/{TFDS_CONFIGS[name]}" if name in TFDS_CONFIGS else name
     return full if version is None else f"{full}:{version}"
 

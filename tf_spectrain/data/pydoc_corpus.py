@@ -88,14 +88,7 @@ def split_text(split):
 
 
 def words(text):
-    """Splits `text` into lower-cased words (`\\w+`) and single punctuation marks.
-
-    Args:
-        text: a str.
-
-    Returns:
-        A list of str; whitespace is dropped.
-    """
+    """`text` as lower-cased words (`\\w+`) and single punctuation marks; whitespace dropped."""
     return _WORD_RE.findall(text.lower())
 
 
@@ -137,17 +130,7 @@ def token_ids(level, split):
 
 
 def vocab_size(level):
-    """Returns the number of token ids of a level (ids are `0 .. vocab_size - 1`).
-
-    Args:
-        level: `"bytes"` or `"words"`.
-
-    Returns:
-        `BYTE_VOCAB_SIZE` or `WORD_VOCAB_SIZE`.
-
-    Raises:
-        ValueError: for an unknown `level`.
-    """
+    """The number of token ids of `level` `"bytes"` or `"words"` (ValueError for another)."""
     checks.check_one_of("level", level, LEVELS)
     return BYTE_VOCAB_SIZE if level == "bytes" else WORD_VOCAB_SIZE
 

@@ -83,22 +83,12 @@ def _vectorizer(data_dir, download):
 
 
 def imdb_vectorizer(data_dir=None, download=False):
-    """Returns the Keras layer that turns reviews into `imdb_reviews` token ids.
+    """The Keras layer that turns a batch of reviews into `imdb_reviews` token ids.
 
-    A `keras.layers.TextVectorization` adapted on the training reviews (so the same data
-    dir always gives the same vocabulary); it maps a batch of strings to int64 ids
-    `[B, IMDB_SEQ_LEN]`. Built once per process and data dir.
-
-    Args:
-        data_dir: the tensorflow-datasets data directory; None means tfds' default.
-        download: allow tensorflow-datasets to download and prepare the set.
-
-    Returns:
-        The adapted layer (`get_vocabulary()` lists its tokens by id).
-
-    Raises:
-        DatasetNotFoundError: if the set is not prepared in `data_dir` and `download` is
-            False.
+    A `TextVectorization` adapted on the training reviews (built once per data dir) giving
+    int64 ids `[B, IMDB_SEQ_LEN]`. `data_dir` None means tfds' default; `download` lets
+    tensorflow-datasets download and prepare the set, else DatasetNotFoundError is raised
+    if it is not prepared in `data_dir`.
     """
     return _vectorizer(check_data_dir(data_dir), download)
 
@@ -119,18 +109,7 @@ def _imdb_arrays(split, data_dir, download):
 
 
 def imdb_arrays(split, data_dir=None, download=False):
-    """Returns an `imdb_reviews` split as token ids and labels, in the order of the files.
-
-    Args:
-        split: `"train"` or `"test"`.
-        data_dir, download: as for `imdb_vectorizer`.
-
-    Returns:
-        `(inputs, labels)`: read-only int32 arrays `[N, IMDB_SEQ_LEN]` and `[N]`.
-
-    Raises:
-        ValueError: for another `split`.
-        DatasetNotFoundError: as for `imdb_vectorizer`.
-    """
+    """`(inputs, labels)` of `imdb_reviews` split `"train"` or `"test"`: read-only int32 arrays
+    `[N, IMDB_SEQ_LEN]` and `[N]`, in file order (raises as `check_split`, `imdb_vectorizer`)."""
     check_split(split)
     return _imdb_arrays(split, check_data_dir(data_dir), download)

@@ -76,18 +76,9 @@ def digits_arrays():
 
 
 def stats(name):
-    """Gives the per-channel normalisation statistics of dataset `name`.
+    """`(mean, std)`, float32 `[3]`, of `"digits"` (its training split) or a `KNOWN_STATS` name.
 
-    Args:
-        name: a dataset name: "digits" (computed from its training split) or a name in
-            `catalog.KNOWN_STATS`.
-
-    Returns:
-        `(mean, std)`, float32 arrays of shape [3].
-
-    Raises:
-        KeyError: for a name that is neither.
-    """
+    Raises KeyError for a name that is neither."""
     mean, std = digits_arrays()[1] if name == "digits" else KNOWN_STATS[name]
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 

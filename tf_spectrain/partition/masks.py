@@ -108,18 +108,9 @@ def positions_keeping_masks(graph):
 
 
 def cuts_keeping_masks(model):
-    """Names the layers after which a cut keeps every Keras mask of `model`.
+    """The names of the layers after which a cut keeps every Keras mask of `model`, in order.
 
-    Args:
-        model: a functional `keras.Model` or a built `keras.Sequential`.
-
-    Returns:
-        The layer names, in model order: every layer but the last for a model without
-        masks.
-
-    Raises:
-        TypeError, ValueError: if the model cannot be split (see `read_graph`).
-    """
+    Raises TypeError or ValueError if the model cannot be split (see `read_graph`)."""
     graph = read_graph(model)
     return [graph.names[p] for p in positions_keeping_masks(graph)]
 

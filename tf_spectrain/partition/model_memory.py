@@ -123,27 +123,13 @@ def reads_locally(variable_device_names, device):
 
 
 def variable_devices(model):
-    """The device name of each of `model.variables`, in that order (e.g. `".../device:GPU:0"`).
-
-    Args:
-        model: a Keras model.
-
-    Returns:
-        A list of strings, one per variable.
-    """
+    """The device name of each of `model.variables`, in order (e.g. `".../device:GPU:0"`)."""
     return [v.value.device for v in model.variables]
 
 
 def model_build_device(devices):
-    """Where to build the model of a pipeline on `devices`, so it is no extra copy there.
-
-    Args:
-        devices: the stages' device names.
-
-    Returns:
-        `"/CPU:0"` when a stage device is not a CPU (the model's variables would otherwise
-        go to the first GPU, beside stage 0), else None: build it where Keras would.
-    """
+    """Where to build a pipeline's model so it is no extra copy on `devices`: `"/CPU:0"`
+    when a stage device is not a CPU (else its variables land beside stage 0), else None."""
     return None if all(is_cpu(d) for d in devices) else "/CPU:0"
 
 

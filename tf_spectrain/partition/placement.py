@@ -115,15 +115,9 @@ def check_stage_devices(devices, num_stages):
 
 
 def check_devices(devices):
-    """Checks that every name in `devices` parses, names one device and exists.
+    """Checks every name in `devices` parses and names one existing device.
 
-    Args:
-        devices: a list of device names.
-
-    Raises:
-        TypeError: if a name is not a string.
-        ValueError: if a name cannot be parsed or names no existing device.
-    """
+    Raises TypeError for a name that is not a string, ValueError for a bad or missing one."""
     for device in devices:
         _check_device(device, devices)
 

@@ -217,23 +217,10 @@ def sync_ops(k, num_stages, num_batches, micro_batches=1, schedule="gpipe"):
 
 
 def max_stashed(k, num_stages, num_batches):
-    """Returns the most mini-batches ever in flight on stage k in `async_ops`.
+    """The most mini-batches ever in flight on stage `k` in `async_ops`: `w_k = min(N - k, T)`.
 
-    A mini-batch is in flight from the end of its forward to the end of its backward; its
-    input (and, when stashing, its weights) must be kept that long. The maximum is `w_k`.
-
-    Args:
-        k: the stage index, `0 <= k < num_stages`.
-        num_stages: `N`, an int >= 1.
-        num_batches: `T`, an int >= 1.
-
-    Returns:
-        The maximum number of mini-batches in flight, `min(N - k, T)`.
-
-    Raises:
-        TypeError: if an argument is not an int.
-        ValueError: if an argument is out of range.
-    """
+    In flight means from the end of its forward to the end of its backward (its input and,
+    when stashing, its weights are kept that long). Raises as `warmup_forwards`."""
     return warmup_forwards(k, num_stages, num_batches)
 
 
@@ -293,18 +280,7 @@ def forward_version(i, k, num_stages):
 
 
 def backward_version(i):
-    """Returns how many updates a stage has finished before `B(i)` in `async_ops`: `i`.
-
-    Args:
-        i: the mini-batch index, an int >= 0.
-
-    Returns:
-        `i`.
-
-    Raises:
-        TypeError: if `i` is not an int.
-        ValueError: if `i` is negative.
-    """
+    """How many updates a stage has finished before `B(i)` in `async_ops`: `i` (an int >= 0)."""
     return checks.check_int("i", i, 0)
 
 

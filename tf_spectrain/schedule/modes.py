@@ -34,15 +34,7 @@ ON_NAN = ("stop", "skip")
 
 
 def check_mode(mode, target="paper"):
-    """Checks a pipeline mode and its SpecTrain target.
-
-    Args:
-        mode: the mode to check.
-        target: the SpecTrain target to check ("paper" or "consistent").
-
-    Raises:
-        ValueError: unless `mode` is one of `PIPELINE_MODES` and `target` one of `TARGETS`.
-    """
+    """Raises ValueError unless `mode` is in `PIPELINE_MODES` and `target` in `TARGETS`."""
     checks.check_one_of("mode", mode, PIPELINE_MODES)
     checks.check_one_of("spectrain_target", target, TARGETS)
 

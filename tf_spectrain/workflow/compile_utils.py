@@ -173,17 +173,7 @@ def resolve_optimizer(optimizer):
 
 
 def clone_optimizer(optimizer):
-    """Builds a fresh optimizer with the same configuration (each stage gets its own).
-
-    See `tf_spectrain.prediction.clone_optimizer`: a callable or unregistered learning-rate
-    schedule is shared and weight-decay exclusions carry over.
-
-    Args:
-        optimizer: a Keras optimizer.
-
-    Returns:
-        A new, unbuilt optimizer of the same class and configuration.
-    """
+    """A fresh, unbuilt copy of `optimizer` for one stage (see `prediction.clone_optimizer`)."""
     return prediction.clone_optimizer(optimizer)
 
 

@@ -89,28 +89,16 @@ atexit.register(_REAPER.wait, _EXIT_WAIT_SECONDS)
 
 
 def retire(iterator):
-    """Deletes an iterator the caller is done with on a background thread.
+    """Deletes `iterator` (None is ignored) on a background thread; drop your references now.
 
-    The caller must drop its own references right after the call (the reaper waits up to
-    a few seconds for that, then drops its reference anyway). At exit, Python waits for
-    retired iterators to be deleted (at most about a minute, the autotuner's longest period).
-
-    Args:
-        iterator: a `tf.data` iterator (or any object) no longer needed; None is ignored.
-    """
+    The reaper waits a few seconds for the caller's references to go; at exit Python waits
+    (about a minute at most) for retired iterators to be deleted."""
     if iterator is not None:
         _REAPER.retire(iterator)
 
 
 def wait_retired(timeout=None):
-    """Waits until every retired iterator has been deleted.
-
-    Args:
-        timeout: seconds to wait at most; None waits as long as it takes.
-
-    Returns:
-        True if all were deleted, False if the timeout passed first.
-    """
+    """Waits (at most `timeout` s; None: no limit) for retired iterators to go; True if all did."""
     return _REAPER.wait(timeout)
 
 
