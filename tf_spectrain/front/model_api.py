@@ -32,7 +32,7 @@ import tensorflow as tf
 from tf_spectrain import checks
 from tf_spectrain.prediction.slots import device_of
 from tf_spectrain.workflow import keras_fit, optimizer_view
-from tf_spectrain.workflow.outputs import OutputMetrics
+from tf_spectrain.workflow.output_metrics import OutputMetrics
 
 __all__ = ["ModelAPI", "compile_keras_model", "share_optimizer_state"]
 
