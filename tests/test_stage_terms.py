@@ -461,8 +461,8 @@ def test_bad_schedule_and_recompute_are_refused(kwargs, match):
 
 
 def test_1f1b_in_sync_and_micro_batches_in_every_mode_are_accepted():
-    from tf_spectrain.costmodel.stage_terms import check_pipeline_options
+    from tf_spectrain.schedule.options import PipelineOptions
 
-    assert check_pipeline_options("sync", "paper", 4, "1f1b", "always") == 4
+    assert PipelineOptions("sync", "paper", 4, "1f1b", "always").micro_batches == 4
     for mode in ("vanilla", "stash", "spectrain"):
-        assert check_pipeline_options(mode, "paper", 3, "gpipe", "auto") == 3
+        assert PipelineOptions(mode, "paper", 3, "gpipe", "auto").micro_batches == 3

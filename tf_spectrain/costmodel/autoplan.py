@@ -32,8 +32,9 @@ import weakref
 import tensorflow as tf
 
 from tf_spectrain import checks, partition
-from tf_spectrain.costmodel import measure, planning, stage_terms
+from tf_spectrain.costmodel import measure, planning
 from tf_spectrain.costmodel.profile import ModelProfile, scale_stage
+from tf_spectrain.schedule.options import PipelineOptions
 
 _PROFILES = {}  # (id(model), batch, input shapes, device kind) -> ModelProfile
 
@@ -51,6 +52,7 @@ def auto_partition(
     calibrate_above=0.005,
     schedule="gpipe",
     recompute="auto",
+    options=None,
 ):
     """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
 
@@ -72,6 +74,10 @@ def auto_partition(
             `min(N - k, M)` micro-batches in flight on stage k); "gpipe" in other modes.
         recompute: "auto" (stages whose backward runs at other weights recompute) or
             "always" (every stage keeps only its inputs and recomputes its forward).
+        options: a `schedule.options.PipelineOptions` (`PipelineModel.options`) in place
+            of `mode`, `spectrain_target`, `micro_batches`, `schedule` and `recompute`
+            (then left at their defaults); its `replicas` is not planned for: give the
+            batch size of one copy of the pipeline.
 
     Returns:
         A `PartitionPlan` (its `measured` holds each stage's measured forward plus
@@ -82,7 +88,9 @@ def auto_partition(
         TypeError, ValueError: for invalid arguments, or a model that cannot be split.
     """
     devices = list(devices)
-    stage_terms.check_pipeline_options(mode, spectrain_target, micro_batches, schedule, recompute)
+    options = PipelineOptions.given(
+        options, mode=mode, spectrain_target=spectrain_target, micro_batches=micro_batches,
+        schedule=schedule, recompute=recompute)
     calibration_rounds = checks.check_int(
         "calibration_rounds", calibration_rounds, 0, meaning="stage timings"
     )
@@ -100,15 +108,11 @@ def auto_partition(
             allowed=None if len(keeping) == len(profiles[0]) - 1 else keeping,
             num_stages=len(devices),
             batch_size=batch_size,
-            mode=mode,
-            spectrain_target=spectrain_target,
-            micro_batches=micro_batches,
             bandwidth=bandwidth,
             latency=latency,
             memory_limit=memory_limit,
             devices=devices,
-            schedule=schedule,
-            recompute=recompute,
+            **options.planned(),
         )
         plan = planning.plan_partition(profiles, **settings)
         tried = []
@@ -162,6 +166,7 @@ def _profiling_devices(devices):
 
 
 def _kind(device):
+    """The device's type in capitals ("GPU", "CPU"; "CPU" when the name gives none)."""
     return (tf.DeviceSpec.from_string(device).device_type or "CPU").upper()
 
 

@@ -53,36 +53,10 @@ from tf_spectrain import schedule as schedule_lib
 from tf_spectrain.costmodel.links import link_seconds, ring_seconds
 from tf_spectrain.costmodel.profile import ModelProfile
 from tf_spectrain.schedule import modes
+from tf_spectrain.schedule.options import PipelineOptions
 
 SCHEDULES = modes.SCHEDULES  # sync mode's orders: "gpipe", "1f1b"
 RECOMPUTE = modes.RECOMPUTE  # "auto", "always"
-
-
-def check_pipeline_options(
-    mode, spectrain_target="paper", micro_batches=1, schedule="gpipe", recompute="auto"
-):
-    """Checks the pipeline options the cost model prices (as `PipelineModel` takes them).
-
-    Args:
-        mode: one of `modes.PIPELINE_MODES`.
-        spectrain_target: "paper" or "consistent".
-        micro_batches: `M`, micro-batches per mini-batch, an int >= 1 (any mode).
-        schedule: one of `SCHEDULES`; "1f1b" only with `mode="sync"`.
-        recompute: one of `RECOMPUTE`.
-
-    Returns:
-        `micro_batches` as an int.
-
-    Raises:
-        TypeError, ValueError: for an invalid option.
-    """
-    modes.check_mode(mode, spectrain_target)
-    micro_batches = checks.check_int(
-        "micro_batches", micro_batches, 1, meaning="micro-batches per mini-batch"
-    )
-    modes.check_schedule(schedule, mode)
-    checks.check_one_of("recompute", recompute, RECOMPUTE)
-    return micro_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +126,13 @@ class StageTerms:
         schedule: one of `SCHEDULES`: "gpipe" (every mode) or "1f1b" (`sync` only).
         recompute: one of `RECOMPUTE`: "auto" (where the backward's weights differ) or
             "always" (every stage).
+        options: a `schedule.options.PipelineOptions` (as `PipelineModel.options`) in
+            place of `mode`, `spectrain_target`, `micro_batches`, `replicas`, `schedule`
+            and `recompute`, which are then left at their defaults.
+
+    Attributes:
+        options: the `PipelineOptions` priced; `mode`, `spectrain_target`,
+            `micro_batches`, `schedule`, `recompute` and `replicas` are its fields.
 
     Raises:
         TypeError, ValueError: for invalid arguments.
@@ -174,17 +155,19 @@ class StageTerms:
         ring_links=None,
         schedule="gpipe",
         recompute="auto",
+        options=None,
     ):
         self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
         self.profiles = _check_profiles(profiles, self.num_stages)
         self.batch_size = checks.check_int(
             "batch_size", batch_size, 1, meaning="examples per mini-batch"
         )
-        self.micro_batches = check_pipeline_options(
-            mode, spectrain_target, micro_batches, schedule, recompute
-        )
-        self.mode, self.spectrain_target = mode, spectrain_target
-        self.schedule, self.recompute = schedule, recompute
+        self.options = PipelineOptions.given(
+            options, mode=mode, spectrain_target=spectrain_target, micro_batches=micro_batches,
+            schedule=schedule, recompute=recompute, replicas=replicas)
+        self.mode, self.spectrain_target = self.options.mode, self.options.spectrain_target
+        self.schedule, self.recompute = self.options.schedule, self.options.recompute
+        self.micro_batches, self.replicas = self.options.micro_batches, self.options.replicas
         self.bandwidth = checks.check_number(
             "bandwidth", bandwidth, 0.0, strict=True, allow_inf=True, meaning="bytes per second"
         )
@@ -193,7 +176,6 @@ class StageTerms:
             "optimizer_slots", optimizer_slots, 0.0, meaning="optimizer variables per weight"
         )
         speed = checks.check_number("relative_speed", relative_speed, 0.0, strict=True)
-        self.replicas = checks.check_int("replicas", replicas, 1, meaning="pipeline copies")
         self.hop_links = _check_links(
             "hop_links", hop_links, self.num_stages - 1, [(self.bandwidth, self.latency)]
         )
@@ -215,10 +197,7 @@ class StageTerms:
                 tables[hop] = [self.transfer(b, hop) for b in self._crossing]
         self._sent_seconds = [tables.get(k, tables[None]) for k in range(self.num_stages)]
         self._received_seconds = [tables.get(k - 1, tables[None]) for k in range(self.num_stages)]
-        self._plans = [
-            modes.pass_plan(mode, k, self.num_stages, spectrain_target)
-            for k in range(self.num_stages)
-        ]
+        self._plans = self.options.pass_plans(self.num_stages)
 
     def recomputes(self, k):
         """Whether stage `k` recomputes its forward in its backward."""
@@ -325,6 +304,7 @@ class StageTerms:
         return kept / self.micro_batches  # a micro-batch's bytes: 1 / M of a mini-batch's
 
     def _stashed_versions(self, k):
+        """Weight versions stage `k` keeps besides its current weights (module docstring)."""
         n = self.batches_in_flight(k)
         if self.mode == "stash":
             return n - 1

@@ -7,9 +7,7 @@ import warnings
 
 from tf_spectrain import checks, messages, partition
 from tf_spectrain import devices as devices_lib
-
-AUTO = "auto"
-"""`cuts="auto"`: plan the cuts from measured time (the default)."""
+from tf_spectrain.partition.cuts import check_cut_names
 
 
 def stage_devices(devices, num_stages):
@@ -80,19 +78,11 @@ def check_given_cuts(cuts, num_stages):
         num_stages: an int or None.
 
     Raises:
-        TypeError: if `cuts` is a string other than `"auto"` (with a hint), or not a list.
+        TypeError: if `cuts` is a string other than `"auto"` (with a hint), not a list, or
+            holds a non-string (`partition.cuts.check_cut_names`).
         ValueError: if `num_stages` is not `len(cuts) + 1`.
     """
-    if isinstance(cuts, str):
-        raise TypeError(
-            f"`cuts` must be '{AUTO}' or a list of layer names. Received: cuts={cuts!r}; "
-            f"did you mean cuts=[{cuts!r}]?"
-        )
-    if not isinstance(cuts, (list, tuple)):
-        raise TypeError(
-            f"`cuts` must be '{AUTO}' or a list of layer names. Received: cuts={cuts!r} "
-            f"of type {type(cuts).__name__}"
-        )
+    check_cut_names(cuts, allow_auto=True)
     if num_stages is not None:
         num_stages = checks.check_int("num_stages", num_stages, 1, meaning="pipeline stages")
         if num_stages != len(cuts) + 1:

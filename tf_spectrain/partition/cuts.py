@@ -16,6 +16,45 @@ from tf_spectrain.partition.planner import plan_cuts
 BY = COSTS + ("layers",)
 """What `default_cuts` can balance: parameters, multiply-accumulates or layer counts."""
 
+AUTO = "auto"
+"""`PipelineModel(cuts="auto")`: plan the cuts from measured time (the default)."""
+
+
+def check_cut_names(cuts, allow_auto=False):
+    """Checks that `cuts` is a list of layer names: the one check of a cut list's types.
+
+    Args:
+        cuts: the value received as `cuts`.
+        allow_auto: whether `AUTO` (`"auto"`) is accepted too (`PipelineModel`'s `cuts`).
+
+    Returns:
+        `cuts`, as given.
+
+    Raises:
+        TypeError: if `cuts` is a single string (other than an allowed `"auto"`; the
+            message suggests a list of it), not a list or tuple, or holds a non-string.
+    """
+    valid = f"'{AUTO}' or a list of layer names" if allow_auto else "a list of layer names"
+    if isinstance(cuts, str):
+        if allow_auto and cuts == AUTO:
+            return cuts
+        raise TypeError(
+            f"`cuts` must be {valid}{'' if allow_auto else ', not a single string'}. "
+            f"Received: cuts={cuts!r}; did you mean cuts=[{cuts!r}]?"
+        )
+    if not isinstance(cuts, (list, tuple)):
+        raise TypeError(
+            f"`cuts` must be {valid}. Received: cuts={cuts!r} of type {type(cuts).__name__}"
+        )
+    for name in cuts:
+        if not isinstance(name, str):
+            raise TypeError(
+                "`cuts` must contain only layer names (strings). "
+                f"Received: cuts={list(cuts)!r} including {name!r} of type "
+                f"{type(name).__name__}"
+            )
+    return cuts
+
 
 def resolve_cuts(graph, cuts):
     """Checks `cuts` against a model graph and returns their positions.
@@ -32,7 +71,7 @@ def resolve_cuts(graph, cuts):
         ValueError: if a name is not a layer of the model, is an input layer, is
             repeated, the cuts are out of order, or a cut leaves the last stage empty.
     """
-    _check_types(cuts)
+    check_cut_names(cuts)
     names = graph.names
     where = {name: p for p, name in enumerate(names)}
     positions = []
@@ -127,27 +166,8 @@ def _with_weights_between(allowed, weighted):
     return kept
 
 
-def _check_types(cuts):
-    if isinstance(cuts, str):
-        raise TypeError(
-            "`cuts` must be a list of layer names, not a single string. "
-            f"Received: cuts={cuts!r}; did you mean cuts=[{cuts!r}]?"
-        )
-    if not isinstance(cuts, (list, tuple)):
-        raise TypeError(
-            "`cuts` must be a list of layer names (strings). "
-            f"Received: cuts={cuts!r} of type {type(cuts).__name__}"
-        )
-    for name in cuts:
-        if not isinstance(name, str):
-            raise TypeError(
-                "`cuts` must contain only layer names (strings). "
-                f"Received: cuts={list(cuts)!r} including {name!r} of type "
-                f"{type(name).__name__}"
-            )
-
-
 def _unknown_name_message(graph, cuts, name):
+    """Why `name` of `cuts` is not a layer a stage can end at, with a hint where one helps."""
     received = f"Received: cuts={list(cuts)!r}"
     if name in graph.input_layer_names:
         return (
@@ -169,6 +189,7 @@ def _unknown_name_message(graph, cuts, name):
 
 
 def _check_order(cuts, positions, names):
+    """Raises a ValueError for a repeated cut or cuts out of model order."""
     seen = set()
     for name in cuts:
         if name in seen:
@@ -189,6 +210,7 @@ def _check_order(cuts, positions, names):
 
 
 def _preview(names, limit=12):
+    """The first `limit` names, then how many more there are."""
     if len(names) <= limit:
         return names
     return names[:limit] + [f"... ({len(names) - limit} more)"]
