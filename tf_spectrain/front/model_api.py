@@ -364,18 +364,7 @@ class ModelAPI:
                              return_dict=return_dict, **weights)
 
     def predict_on_batch(self, x):
-        """The model's outputs for one batch through the pipeline, as
-        `keras.Model.predict_on_batch` (NumPy, in the model's output structure).
-
-        Args:
-            x: one batch of inputs.
-
-        Returns:
-            As `predict`.
-
-        Raises:
-            TypeError, ValueError: as `predict`.
-        """
+        """Outputs of one batch `x` through the pipeline, as `keras.Model.predict_on_batch`."""
         return self.predict(x, batch_size=_batch_size(x, "predict_on_batch"), verbose=0)
 
     def _logs_in_order(self, logs):
