@@ -459,14 +459,14 @@ def test_a_skipped_update_changes_no_weight_momentum_or_iteration_and_the_next_i
     shapes = [tuple(v.shape) for v in variables]
     rng = np.random.default_rng(2)
     first = [rng.normal(size=s).astype("float32") for s in shapes]
-    runner._pending = [tf.constant(g) for g in first]  # noqa: SLF001
+    runner.updater.gradient = [tf.constant(g) for g in first]
     runner.update()
     w1 = [v.numpy().copy() for v in variables]
     momenta = [runner.optimizer.momentums[runner.optimizer._get_variable_index(v)].numpy()  # noqa: SLF001
                for v in variables]
     bad = [g.copy() for g in first]
     bad[0][0, 0] = np.nan
-    runner._pending = [tf.constant(g) for g in bad]  # noqa: SLF001
+    runner.updater.gradient = [tf.constant(g) for g in bad]
     runner.update()
     assert runner.skipped == 1 and runner.updates == 1
     assert int(runner.optimizer.iterations.numpy()) == 1
@@ -475,7 +475,7 @@ def test_a_skipped_update_changes_no_weight_momentum_or_iteration_and_the_next_i
            for v in variables]
     assert _max_diff(now, momenta) == 0.0
     second = [rng.normal(size=s).astype("float32") for s in shapes]
-    runner._pending = [tf.constant(g) for g in second]  # noqa: SLF001
+    runner.updater.gradient = [tf.constant(g) for g in second]
     runner.update(learning_rate=0.05)
     # Keras' SGD: m = 0.9 m - lr g; w = w + m (the skipped gradient left no trace).
     expected = [w + (0.9 * m - 0.05 * g) for w, m, g in zip(w1, momenta, second)]

@@ -6,39 +6,17 @@ import tensorflow as tf
 
 
 def as_list(x):
-    """Returns `x` as a list: a list or tuple's items, else `[x]`.
-
-    Args:
-        x: a tensor, or a list or tuple of them.
-
-    Returns:
-        A new list.
-    """
+    """A new list of `x`'s items (a list or tuple), else `[x]`."""
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def differentiable(tensors):
-    """The tensors of `tensors` a gradient tape can watch: the floating and complex ones.
-
-    Args:
-        tensors: a list of tensors (a boolean padding mask or integer token ids among them
-            are left out).
-
-    Returns:
-        A new list.
-    """
+    """The floating and complex tensors of `tensors` (a tape can watch them; not masks, ids)."""
     return [t for t in tensors if t.dtype.is_floating or t.dtype.is_complex]
 
 
 def all_finite(tensors):
-    """One boolean tensor: every element of every floating tensor of `tensors` is finite.
-
-    Args:
-        tensors: a list of tensors (non-floating ones are ignored).
-
-    Returns:
-        A scalar boolean tensor.
-    """
+    """A scalar boolean tensor: every element of every floating tensor of `tensors` is finite."""
     flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t.dtype.is_floating]
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 

@@ -174,7 +174,7 @@ def attach(runners, settings, shared):
     if settings is None:
         return
     for runner in runners:
-        runner.use_loss_scale(DynamicLossScale(settings, runner.device, shared))
+        runner.updater.use_loss_scale(DynamicLossScale(settings, runner.device, shared))
 
 
 def shares_scale(runners):

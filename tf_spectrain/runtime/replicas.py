@@ -33,14 +33,7 @@ INSTANCE_KEY = 1  # each group runs one reduction, again at every update
 
 
 def new_group_keys(count):
-    """Reserves `count` collective group keys no other group of this process uses.
-
-    Args:
-        count: how many keys (one per stage).
-
-    Returns:
-        A list of `count` distinct ints.
-    """
+    """Reserves `count` distinct collective group keys (one per stage) no other group uses."""
     with _keys_lock:
         return [next(_keys) for _ in range(count)]
 
@@ -136,6 +129,30 @@ class GradientReducer:
         return out
 
 
+def sum_over_replicas(gradient, gathered, reducer, device):
+    """One copy's pending gradient summed over the stage's R copies.
+
+    With a `reducer` (copies in one process' devices) the copies sum with one collective
+    all-reduce; without one (copies on different workers, where a collective launched from
+    this one client process would wait for ever) each copy adds up `gathered` itself, in
+    replica order, so every copy gets the same sum.
+
+    Args:
+        gradient: this copy's pending gradient (a list of tensors).
+        gathered: every copy's pending gradient of this update, replica 0 first.
+        reducer: the copy's `GradientReducer`, or None.
+        device: the copy's device.
+
+    Returns:
+        The summed gradient, a list.
+    """
+    if reducer is not None:
+        return reducer(gradient)
+    with tf.device(device):
+        return [tf.add_n([tf.convert_to_tensor(g[n]) for g in gathered])
+                for n in range(len(gradient))]
+
+
 def _is_local(device):
     """Whether a device name is one of this process' own (`/CPU:0`, `/job:localhost/...`)."""
     job = re.search(r"/job:([^/]+)", device)
@@ -149,7 +166,7 @@ def attach_reducers(grid):
     all-reduce. One with a copy on a worker of a cluster gets none: a collective launched
     on workers from this single client process waits for ever (measured with TF 2.21, for
     copies on one worker and on two), so its copies add up each other's gradients instead
-    (see `StageRunner.reduce_pending`), TensorFlow's runtime moving the tensors.
+    (see `sum_over_replicas`), TensorFlow's runtime moving the tensors.
 
     Args:
         grid: R lists of N `StageRunner`s, replica 0 first.
@@ -160,7 +177,8 @@ def attach_reducers(grid):
         if not all(_is_local(runners[k].device) for runners in grid):
             continue
         for runners in grid:
-            runners[k].reducer = GradientReducer(len(grid), group_key, runners[k].device)
+            device = runners[k].device
+            runners[k].updater.reducer = GradientReducer(len(grid), group_key, device)
 
 
 def average_non_trainable(grid_stages):

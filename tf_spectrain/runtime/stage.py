@@ -1,7 +1,9 @@
 """One pipeline stage: its sub-model on its device, its optimizer, and its three passes.
 
-`StageRunner` runs the forward, backward and update passes of SPECTRAIN.md section 5 for
-one stage; `build_runners` makes one per stage. All TensorFlow work runs in `tf.function`s
+`StageRunner` runs the forward and backward passes of SPECTRAIN.md section 5 for one stage
+and hands their weight gradients to its update half (`runtime.update.StageUpdate`: the
+pending gradient, its sum over replicas, clipping, loss scaling and the update);
+`build_runners` makes one runner per stage. All TensorFlow work runs in `tf.function`s
 placed on the stage's device.
 """
 
@@ -16,6 +18,7 @@ from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import as_list, differentiable
 from tf_spectrain.runtime.memory import StageMemory
 from tf_spectrain.runtime.passes import StagePasses, with_penalty
+from tf_spectrain.runtime.update import StageUpdate
 from tf_spectrain.workflow import compile_utils
 
 ACTIVATIONS = "activations"
@@ -47,8 +50,9 @@ class StageRunner:
     `forward(key, x)` runs the stage at the weights its `PassPlan` prescribes and keeps what
     the backward needs: its activations (a tape) when the backward uses the same weights,
     else only the input and non-trainable state, for a recompute. `backward(key, d)` is the
-    exact vector-Jacobian product at the backward weights; its weight gradient waits for
-    `update()`, which applies it with the optimizer.
+    exact vector-Jacobian product at the backward weights; its weight gradient waits in
+    `updater` (a `runtime.update.StageUpdate`) for `update()`, which applies it with the
+    optimizer.
 
     The last stage computes the loss in its forward (its `d` is the loss itself). `key` is
     `(i, j)`: mini-batch i, micro-batch j.
@@ -87,18 +91,12 @@ class StageRunner:
         self.passes = StagePasses(k, model, device, optimizer, loss)
         self.trainable = self.passes.trainable
         self.non_trainable = self.passes.non_trainable
+        self.updater = StageUpdate(k, device, optimizer, self.passes)
         self._inflight = {}
         self._stashed = (None, None)  # (i, weights): the copy the micro-batches of i share
-        self._pending = None
         self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
         self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
-        self.skip_non_finite = False
-        self.reducer = None  # sums the gradient over the stage's replicas (`replicas.py`)
-        self._attempts = 0  # updates asked for (applied or skipped)
-        self._ever_skipping = False  # whether `skipped` may be above 0
-        self._pending_scale = None  # with a dynamic loss scale: the pending gradient's scale
-        self._pending_flags = None  # ... and (received finite, own finite) of its backwards
         self.probe = None
         self.memory = StageMemory(model, optimizer, device)  # what the stage keeps alive
         self._remote = health.task_of(device) is not None  # on a worker of a cluster
@@ -110,12 +108,13 @@ class StageRunner:
 
     @property
     def loss_scale(self):
-        """The stage's dynamic `loss_scale.DynamicLossScale` (`use_loss_scale`), or None."""
+        """The stage's `loss_scale.DynamicLossScale` (`StageUpdate.use_loss_scale`), or None."""
         return self.passes.loss_scale
 
     # --- passes -------------------------------------------------------------------------
 
     def _call_forward(self, inputs, labels, scale):
+        """`passes.forward_fn` at the plan's forward weights (see the comment on a worker)."""
         if not self._remote:
             return self.passes.forward_fn(inputs, labels, scale, self.plan.forward_steps)
         # On a worker, called outside the stage's device scope (`_forward` places its ops
@@ -227,10 +226,10 @@ class StageRunner:
                     steps = self.plan.backward_steps
                     steps = self.plan.forward_steps if steps is None else steps
                     grads_w, grads_x = self.passes.recompute_vjp_fn(*args, steps)
-            self._accumulate(grads_w)
+            self.updater.add(grads_w)
             finite = self.passes.finite_fn(list(grads_w) + list(grads_x))
             if self.loss_scale is not None:
-                self._note_scaled(out_scale, received, finite)
+                self.updater.note_scaled(out_scale, received, finite)
         if self._stashed[0] == key[0] and not any(i == key[0] for i, _ in self._inflight):
             self._stashed = (None, None)  # the last micro-batch of i: its copy goes
         end = time.perf_counter()
@@ -250,179 +249,68 @@ class StageRunner:
             self._stashed = (i, weights)
         return weights
 
-    def _note_scaled(self, scale, received, finite):
-        """Keeps the pending gradient's scale and finite flags, over its micro-batches."""
-        if self._pending_flags is None:
-            self._pending_scale, self._pending_flags = scale, (received, finite)
-        else:
-            before = self._pending_flags
-            self._pending_flags = (tf.logical_and(before[0], received),
-                                   tf.logical_and(before[1], finite))
-
-    def _accumulate(self, grads):
-        if self._pending is None:
-            self._pending = list(grads)
-        else:
-            self._pending = [a + g for a, g in zip(self._pending, grads)]
+    # --- the update half (`runtime.update.StageUpdate`) ---------------------------------
 
     def update(self, learning_rate=None, squares=None, finite=None):
-        """Applies the pending gradient with the optimizer (one update of the stage).
-
-        Nothing is read back to the host: with `skip_non_finite` (or a dynamic loss
-        scale), the update's own graph checks the gradient and skips (and counts in
-        `skipped`) one that is not finite.
-
-        Args:
-            learning_rate: the learning rate of this update (a float), or None to keep the
-                optimizer's (a schedule, or a value no callback changed).
-            squares: with `clip_globally`, every stage's squared gradient norm of this
-                mini-batch (scalar tensors, from `pending_square_norm`); else None.
-            finite: with a shared (sync mode) dynamic loss scale, every stage's
-                `pending_finite()` of this mini-batch; else None.
-
-        Raises:
-            RuntimeError: if no backward ran since the last update.
-        """
+        """Applies the pending gradient (`StageUpdate.update`), on the stage's timeline."""
         start = time.perf_counter()
-        if self._pending is None:
-            raise RuntimeError(f"stage {self.k}: update without a backward before it")
-        pending, self._pending = self._pending, None
-        if learning_rate is not None:
-            self.optimizer.learning_rate = learning_rate
-        self._attempts += 1
-        self._ever_skipping = self._ever_skipping or self.skip_non_finite
-        if self.loss_scale is not None:  # even without weights: the scale follows its rule
-            self._update_scaled(pending, squares, finite)
-        elif self.trainable:  # a stage without weights (e.g. only padding) has no update
-            self.passes.apply_fn(pending, list(squares or []), self.skip_non_finite)
+        self.updater.update(learning_rate, squares, finite)
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
 
-    def note_updates(self, count):
-        """Counts `count` updates run outside `update` (in a window's graph)."""
-        self._attempts += count
-        self._ever_skipping = (self._ever_skipping or self.skip_non_finite
-                               or self.loss_scale is not None)
+    @property
+    def skip_non_finite(self):
+        """Whether `update` skips (and counts in `skipped`) a non-finite gradient."""
+        return self.updater.skip_non_finite
 
-    def _update_scaled(self, pending, squares, finite):
-        scale, flags = self._pending_scale, self._pending_flags
-        self._pending_scale = self._pending_flags = None
-        self.passes.apply_scaled_fn(pending, list(squares or []), scale, flags, list(finite or []))
-
-    def use_loss_scale(self, scale):
-        """Turns on dynamic loss scaling (docs/SPECTRAIN.md, "Mixed precision").
-
-        The last stage's backward scales the loss by the stage's scale; every backward
-        brings its received gradient to the stage's scale and sends its input gradient
-        with it (a `loss_scale.ScaledGradient`); `update` divides the gradient by it and
-        skips (counting in `skipped`) a non-finite one, whatever `skip_non_finite` says.
-        The optimizer's own `loss_scale_factor` is turned off, as `LossScaleOptimizer` does.
-
-        Args:
-            scale: the stage's `loss_scale.DynamicLossScale` (shared: sync mode's rule).
-        """
-        self.passes.loss_scale = scale
-        self.passes.loss_scale_factor = None
-        self.optimizer.loss_scale_factor = None
-        self._ever_skipping = True
-
-    def pending_finite(self):
-        """Whether the pending gradient is all finite: a boolean tensor on the stage's device.
-
-        Raises:
-            RuntimeError: if no backward ran since the last update.
-        """
-        if self._pending is None:
-            raise RuntimeError(f"stage {self.k}: no pending gradient")
-        with tf.device(self.device):
-            return self.passes.finite_fn(self._pending) if self._pending else tf.constant(True)
+    @skip_non_finite.setter
+    def skip_non_finite(self, skip):
+        self.updater.skip_non_finite = skip
 
     @property
     def pending_gradient(self):
         """The gradient waiting for `update` (a list of tensors), or None."""
-        return self._pending
+        return self.updater.gradient
+
+    def note_updates(self, count):
+        """Counts `count` updates run outside `update` (`StageUpdate.note_updates`)."""
+        self.updater.note_updates(count)
 
     def reduce_pending(self, gathered):
-        """Replaces the pending gradient by its sum over the stage's replicas.
-
-        With a `reducer` (copies in one process' devices) the copies sum with one
-        collective all-reduce; without one (copies on different workers, where a
-        collective launched from this one client process would wait for ever) each copy
-        adds up `gathered` itself, in replica order, so every copy gets the same sum.
-        Every copy must call it once per update, before `pending_square_norm` and `update`.
-
-        Args:
-            gathered: every replica's `pending_gradient` of this update, replica 0 first.
-        """
-        if not self._pending:
-            return
-        if self.reducer is not None:
-            self._pending = self.reducer(self._pending)
-            return
-        with tf.device(self.device):
-            self._pending = [tf.add_n([tf.convert_to_tensor(g[n]) for g in gathered])
-                             for n in range(len(self._pending))]
+        """Sums the pending gradient over the stage's replicas (`StageUpdate.reduce_pending`)."""
+        self.updater.reduce_pending(gathered)
 
     def clip_globally(self, clipnorm):
-        """Clips this stage's updates by the global norm over all stages (sync mode).
+        """Clips by the global norm over all stages (sync mode; `StageUpdate.clip_globally`)."""
+        self.updater.clip_globally(clipnorm)
 
-        The stage's optimizer stops clipping on its own; `update` then takes every stage's
-        squared norm and scales the gradient as `keras.optimizers` does for
-        `global_clipnorm` over the whole model.
-
-        Args:
-            clipnorm: the global norm to clip to, a positive float.
-        """
-        self.passes.global_clipnorm = float(clipnorm)
-        self.optimizer.global_clipnorm = None
+    def pending_finite(self):
+        """Whether the pending gradient is all finite (`StageUpdate.pending_finite`)."""
+        return self.updater.pending_finite()
 
     def pending_square_norm(self):
-        """The squared L2 norm of the pending gradient, a scalar tensor on the stage's device.
-
-        Returns:
-            A float32 scalar tensor (0 for a stage without weights).
-
-        Raises:
-            RuntimeError: if no backward ran since the last update.
-        """
-        if self._pending is None:
-            raise RuntimeError(f"stage {self.k}: no pending gradient")
-        with tf.device(self.device):
-            return self.passes.square_fn(self._pending) if self._pending else tf.zeros(())
+        """The pending gradient's squared norm (`StageUpdate.pending_square_norm`)."""
+        return self.updater.pending_square_norm()
 
     @property
     def skipped(self):
         """Updates left out because their gradient was not finite (reads the device)."""
-        return int(self.passes.skipped.numpy())
+        return self.updater.skipped
 
     @property
     def updates(self):
         """Updates applied so far (reads the device once an update could be skipped)."""
-        return self._attempts - (self.skipped if self._ever_skipping else 0)
+        return self.updater.updates
+
+    # --- inference and state --------------------------------------------------------------
 
     def infer(self, inputs):
-        """Inference forward (training=False) at the current weights.
-
-        Args:
-            inputs: the stage's input tensors (a tensor or a list).
-
-        Returns:
-            `(outputs, penalty)`: the output tensors as a list, and the stage's layer
-            losses for these inputs (a scalar, 0 without regularizers).
-        """
+        """Inference forward at the current weights: `(outputs as a list, layer losses)`."""
         return self.passes.infer_fn(as_list(inputs))
 
     def current_weights(self, steps=0):
-        """Computes the trainable weights `W + steps * d` as tensors on the stage's device.
-
-        Args:
-            steps: the version gap `s` (0: the current weights; > 0 needs a `SpecTrain`
-                optimizer, i.e. a stage whose plan predicts).
-
-        Returns:
-            A list of tensors, one per trainable variable.
-        """
+        """The trainable weights `W + steps * d` on the stage's device (`steps` > 0: SpecTrain)."""
         with tf.device(self.device):
             return self.passes.weights(steps)
 
@@ -443,8 +331,7 @@ class StageRunner:
         self._inflight.clear()
         self.memory.clear()
         self._stashed = (None, None)
-        self._pending = None
-        self._pending_scale = self._pending_flags = None
+        self.updater.reset()
         self.penalties.clear()
         if self.probe is not None:
             self.probe.reset()
