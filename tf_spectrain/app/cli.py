@@ -237,42 +237,52 @@ def main(argv=None):
     finally:
         uninstall()
     if result["interrupted"]:
-        epoch, batch, total = result["stopped_at"]
-        where = f"epoch {epoch}, after {batch} of its {total} mini-batches"
-        if result["checkpoint"]:
-            note = ""
-            if batch and config.mode in modes.PIPELINE_MODES and config.mode != "sync":
-                note = (
-                    "\n(The pipeline drained in the middle of an epoch: resuming from here "
-                    "continues correctly, but not bit for bit as an uninterrupted run would; "
-                    "resuming from an epoch-end checkpoint is exact.)"
-                )
-            print(
-                f"Stopped by {stopper.received} at {where}. Saved checkpoint "
-                f"{result['checkpoint']}.\nTo resume: {resume_command(argv, config)}{note}"
-            )
-        elif run.checkpoint is None:
-            print(f"Stopped by {stopper.received} at {where}; checkpoints are off, nothing saved.")
-        else:
-            from tf_spectrain import checkpoint
-
-            newest = checkpoint.latest_checkpoint(config.checkpoint_dir)
-            print(
-                f"Stopped by {stopper.received} at {where}, before any training step; the newest "
-                f"checkpoint is {newest or '(none yet)'}.\n"
-                f"To resume: {resume_command(argv, config)}"
-            )
+        print(_stop_message(result, run, argv, stopper.received))
         return 0
     if result.get("export"):
         print(f"trained model saved to {result['export']}")
+    print(_summary_line(result, config, preparation.example_unit(config)))
+    return 0
+
+
+def _stop_message(result, run, argv, signal_name):
+    """What `main` says after a clean stop on a signal: where, what was saved, how to resume."""
+    config = run.config
+    epoch, batch, total = result["stopped_at"]
+    where = f"epoch {epoch}, after {batch} of its {total} mini-batches"
+    if result["checkpoint"]:
+        note = ""
+        if batch and config.mode in modes.PIPELINE_MODES and config.mode != "sync":
+            note = (
+                "\n(The pipeline drained in the middle of an epoch: resuming from here "
+                "continues correctly, but not bit for bit as an uninterrupted run would; "
+                "resuming from an epoch-end checkpoint is exact.)"
+            )
+        return (
+            f"Stopped by {signal_name} at {where}. Saved checkpoint "
+            f"{result['checkpoint']}.\nTo resume: {resume_command(argv, config)}{note}"
+        )
+    if run.checkpoint is None:
+        return f"Stopped by {signal_name} at {where}; checkpoints are off, nothing saved."
+    from tf_spectrain import checkpoint
+
+    newest = checkpoint.latest_checkpoint(config.checkpoint_dir)
+    return (
+        f"Stopped by {signal_name} at {where}, before any training step; the newest "
+        f"checkpoint is {newest or '(none yet)'}.\n"
+        f"To resume: {resume_command(argv, config)}"
+    )
+
+
+def _summary_line(result, config, unit):
+    """The last line of a finished run: test quality, speed in `unit`/s, wall time, logs."""
     quality = f"test accuracy {result['test_accuracy']:.4f}"
     if "test_perplexity" in result:
         quality = (f"test loss {result['test_loss']:.4f} | test perplexity "
                    f"{result['test_perplexity']:.2f} | token accuracy "
                    f"{result['test_accuracy']:.4f}")
-    print(f"{quality} | {result['images_per_second']:.1f} {preparation.example_unit(config)}/s "
-          f"| wall time {result['wall_time']:.1f} s | logs in {config.logdir}")
-    return 0
+    return (f"{quality} | {result['images_per_second']:.1f} {unit}/s "
+            f"| wall time {result['wall_time']:.1f} s | logs in {config.logdir}")
 
 
 if __name__ == "__main__":
