@@ -1,6 +1,9 @@
 """`schedule.options.PipelineOptions`: one frozen, checked object of a pipeline's options."""
 
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -61,3 +64,21 @@ def test_planned_leaves_out_replicas():
     planned = PipelineOptions(mode="sync", replicas=2).planned()
     assert planned == dict(mode="sync", spectrain_target="paper", micro_batches=1,
                            schedule="gpipe", recompute="auto")
+
+
+def test_it_stands_on_the_schedule_floor_without_tensorflow():
+    # `tf_spectrain/__init__` imports TensorFlow: stand in an empty package for it.
+    code = (
+        "import sys, types\n"
+        "package = types.ModuleType('tf_spectrain')\n"
+        "package.__path__ = [sys.argv[1]]\n"
+        "sys.modules['tf_spectrain'] = package\n"
+        "from tf_spectrain.schedule.options import PipelineOptions\n"
+        "assert PipelineOptions(mode='sync').pass_plans(2)\n"
+        "loaded = {'tensorflow', 'keras', 'numpy'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    package = pathlib.Path(__file__).resolve().parent.parent / "tf_spectrain"
+    result = subprocess.run([sys.executable, "-c", code, str(package)], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stderr
