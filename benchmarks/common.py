@@ -366,6 +366,7 @@ class Runner:
         return self._initial[key]
 
     def _build(self, spec):
+        from tf_spectrain import checkpoint
         from tf_spectrain.app import trainers
 
         mode, target = CONFIGS[spec.config]
@@ -383,19 +384,19 @@ class Runner:
             precision=spec.precision,
         )
         cuts = None if mode in BASELINES else trainer.cuts
-        return trainer, trainers.optimizers(trainer), cuts
+        return trainer, checkpoint.trainer_optimizers(trainer), cuts
 
     def trainer(self, spec):
         """The trainer of `spec`, reset for it: `(trainer, cuts)`."""
         import tensorflow as tf
 
-        from tf_spectrain.app import trainers
+        from tf_spectrain import checkpoint
 
         key = spec.trainer_key
         if key not in self._trainers:
             self._trainers[key] = self._build(spec)
         trainer, optimizers, cuts = self._trainers[key]
-        model = trainers.keras_model(trainer)
+        model = checkpoint.trainer_model(trainer)
         model.set_weights(self.initial_weights(spec.model, spec.seed))
         for optimizer in optimizers:
             for variable in optimizer.variables:

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from tf_spectrain import checkpoint
 from tf_spectrain.app import trainers
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.prediction import SpecTrainSGD
@@ -44,9 +45,9 @@ def test_pipeline_modes_build_a_compiled_pipeline(mode):
     # The default: cuts planned from measured time (which ones depends on the timings).
     assert pipe.planned_cuts and pipe.cuts == pipe.partition_plan.cuts and len(pipe.cuts) == 1
     assert all(type(o) is SpecTrainSGD for o in pipe.stage_optimizers)
-    for optimizer in trainers.optimizers(pipe):
+    for optimizer in checkpoint.trainer_optimizers(pipe):
         assert _settings(optimizer) == pytest.approx((0.05, 0.8, 1e-4))
-    assert trainers.keras_model(pipe) is pipe.model
+    assert checkpoint.trainer_model(pipe) is pipe.model
     # The caller's seed gives the weights: the same as a model built right after it.
     for a, b in zip(pipe.model.get_weights(), mlp().get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -62,9 +63,9 @@ def test_cuts_given_or_chosen_by_a_function_of_the_model():
 @pytest.mark.parametrize("mode", modes.BASELINES)
 def test_baselines_build_a_compiled_keras_model(mode):
     model = build(mode, devices=["/CPU:1"], weight_decay=0)
-    assert isinstance(model, keras.Model) and trainers.keras_model(model) is model
+    assert isinstance(model, keras.Model) and checkpoint.trainer_model(model) is model
     assert type(model.optimizer) is keras.optimizers.SGD
-    assert trainers.optimizers(model) == [model.optimizer]
+    assert checkpoint.trainer_optimizers(model) == [model.optimizer]
     learning_rate, momentum, weight_decay = _settings(model.optimizer)
     assert (learning_rate, momentum) == pytest.approx((0.05, 0.8))
     assert weight_decay is None  # 0 means none

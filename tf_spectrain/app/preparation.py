@@ -155,7 +155,7 @@ def prepare(config):
         precision=config.precision,
         steps_per_execution=config.steps_per_execution,
     )
-    model = trainers.keras_model(trainer)
+    model = checkpoint.trainer_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
     run.steps_per_epoch = data.steps_per_epoch(
         config.dataset, config.batch_size, config.limit, config.data_dir

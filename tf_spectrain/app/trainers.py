@@ -19,8 +19,6 @@ import keras
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.checkpoint.state import trainer_model as keras_model  # noqa: F401 - app, benchmarks
-from tf_spectrain.checkpoint.state import trainer_optimizers as optimizers  # noqa: F401
 from tf_spectrain.partition import model_memory
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.prediction import SpecTrainSGD

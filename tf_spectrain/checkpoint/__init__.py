@@ -34,6 +34,7 @@ from tf_spectrain.checkpoint.state import (
     describe_run,
     restore_checkpoint,
     save,
+    trainer_model,
     trainer_optimizers,
 )
 from tf_spectrain.checkpoint.store import (
@@ -66,5 +67,6 @@ __all__ = [
     "saved_cuts",
     "save",
     "save_checkpoint",
+    "trainer_model",
     "trainer_optimizers",
 ]
