@@ -7,8 +7,7 @@ import pytest
 from tf_spectrain import schedule
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.runtime.loop import keep_rules, learning_rate_reader
-from tf_spectrain.runtime.state import op_lists
-from tf_spectrain.schedule import modes
+from tf_spectrain.schedule import modes, op_lists
 
 
 def _gap(ops, i):

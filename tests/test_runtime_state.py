@@ -6,8 +6,8 @@ import pytest
 from tf_spectrain import schedule
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.runtime.probe import WeightProbe
-from tf_spectrain.runtime.state import PipelineState, Progress, op_lists
-from tf_spectrain.schedule import modes
+from tf_spectrain.runtime.state import PipelineState, Progress
+from tf_spectrain.schedule import modes, op_lists
 
 
 def _pipe(mode="stash", micro_batches=1):

@@ -14,7 +14,8 @@ from tf_spectrain import schedule
 PUBLIC = [
     "BACKWARD", "FORWARD", "KINDS", "SYNC_SCHEDULES", "TARGETS", "UPDATE", "Op", "async_ops",
     "backward_version", "bubble_fraction", "clock_table", "forward_version", "format_table",
-    "max_in_flight", "max_stashed", "sync_ops", "version_gaps", "versions_seen", "warmup_forwards",
+    "max_in_flight", "max_stashed", "op_lists", "sync_ops", "version_gaps", "versions_seen",
+    "warmup_forwards",
 ]
 
 

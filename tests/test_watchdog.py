@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_spectrain.cluster import health, spec, watchdog
 from tf_spectrain.runtime import executor
-from tf_spectrain.runtime.state import op_lists
+from tf_spectrain.schedule import op_lists
 
 pytestmark = pytest.mark.exclusive  # its deadlines are fractions of a second
 

@@ -1,6 +1,6 @@
 """The epoch loop of `PipelineModel.fit`: callbacks, schedules, stage threads or windows.
 
-Each epoch builds every stage's instruction list (`runtime.state.op_lists`) and runs it
+Each epoch builds every stage's instruction list (`PipelineOptions.op_lists`) and runs it
 either pass by pass, with one thread per stage (`runtime.executor.EpochRun`, reporting
 each finished mini-batch to the Keras callbacks from the caller's thread), or in windows
 of K mini-batches, one graph call each (`runtime.window_epoch.WindowedEpoch`, reporting
@@ -19,7 +19,6 @@ from tf_spectrain.runtime.bookkeeping import NonFiniteLossError
 from tf_spectrain.runtime.executor import EpochRun
 from tf_spectrain.runtime.probe import detach_probes
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
-from tf_spectrain.runtime.state import op_lists
 from tf_spectrain.runtime.window_epoch import WindowedEpoch
 from tf_spectrain.schedule.windows import EpochWindows
 from tf_spectrain.workflow import keras_fit
@@ -217,8 +216,9 @@ class FitLoop:
     def _run_epoch(self, epoch, batches):
         """One epoch through the stages; the weights end up in the wrapped model."""
         pipe, progress, n = self.pipeline, self.pipeline.progress, self.num_batches
-        lists = op_lists(pipe.mode, pipe.num_stages, n, pipe.micro_batches, pipe.schedule)
-        rules = keep_rules(pipe.plans, lists, pipe.recompute)
+        options = pipe.options
+        lists = options.op_lists(pipe.num_stages, n)
+        rules = keep_rules(pipe.plans, lists, options.recompute)
         for runner in pipe.all_runners:
             runner.timeline.clear()
             runner.events.clear()
@@ -230,9 +230,9 @@ class FitLoop:
             run, hook = self._windowed(epoch, batches, rules, label)
         else:
             run = EpochRun(
-                pipe.runners, lists, batches, pipe.micro_batches, rules, label=label,
+                pipe.runners, lists, batches, options.micro_batches, rules, label=label,
                 clip_globally=any(r.global_clipnorm for r in pipe.runners),
-                replicas=pipe.replica_runners if pipe.replicas > 1 else None,
+                replicas=pipe.replica_runners if options.replicas > 1 else None,
             )
 
             def hook(i, parts):
@@ -274,11 +274,10 @@ class FitLoop:
 
     def _windowed(self, epoch, batches, rules, label):
         """The epoch's `WindowedEpoch` and the hook its `run` calls after each window."""
-        pipe = self.pipeline
-        report_stage = 0 if pipe.mode == "sync" else pipe.num_stages - 1
+        pipe, options = self.pipeline, self.pipeline.options
+        report_stage = 0 if options.mode == "sync" else pipe.num_stages - 1
         windows = EpochWindows(
-            lambda t: op_lists(pipe.mode, pipe.num_stages, t, pipe.micro_batches,
-                               pipe.schedule),
+            lambda t: options.op_lists(pipe.num_stages, t),
             self.num_batches, self.window, report_stage,
         )
         run = WindowedEpoch(pipe.window_functions(self.logs), windows, batches, rules, label)

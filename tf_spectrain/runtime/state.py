@@ -8,7 +8,6 @@ is to measure the weight-prediction error (`attach_probes`, `detach_probes`).
 
 import dataclasses
 
-from tf_spectrain import schedule
 from tf_spectrain.runtime import probe
 
 
@@ -20,27 +19,6 @@ class Progress:
     epoch_seconds: float = 0.0  # wall time of the last epoch's training part (no validation)
     images_seen: int = 0  # training examples reported so far in this `fit`
     batches_skipped: int = 0  # mini-batches left out by on_nan="skip" in this `fit`
-
-
-def op_lists(mode, num_stages, num_batches, micro_batches=1, order="gpipe"):
-    """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
-
-    Args:
-        mode: the pipeline mode; "sync" gets `schedule.sync_ops`, the others
-            `schedule.async_ops`.
-        num_stages: the number of stages.
-        num_batches: mini-batches in the epoch.
-        micro_batches: micro-batches per mini-batch (every mode).
-        order: sync mode's schedule, "gpipe" or "1f1b" (the pipeline's `schedule`).
-
-    Returns:
-        A list of `num_stages` instruction lists, stage 0 first.
-    """
-    if mode == "sync":
-        return [schedule.sync_ops(k, num_stages, num_batches, micro_batches, order)
-                for k in range(num_stages)]
-    return [schedule.async_ops(k, num_stages, num_batches, micro_batches)
-            for k in range(num_stages)]
 
 
 class PipelineState:
@@ -124,9 +102,9 @@ class PipelineState:
         return tuple(r.probe for r in self.runners if r.probe is not None)
 
     def op_lists(self, num_batches):
-        """Each stage's instruction list (`runtime.state.op_lists`) for `num_batches` batches."""
+        """Each stage's instruction list (`schedule.op_lists`) for `num_batches` batches."""
         p = self._pipeline
-        return op_lists(p.mode, p.num_stages, num_batches, p.micro_batches, p.schedule)
+        return p.options.op_lists(p.num_stages, num_batches)
 
     def attach_probes(self, every):
         """Measures the weight-prediction error of the stages' passes until `detach_probes`.
@@ -142,7 +120,7 @@ class PipelineState:
             The attached probes (`probes`).
         """
         p = self._pipeline
-        probe.attach_probes(self.runners, p.mode, p.spectrain_target, every)
+        probe.attach_probes(self.runners, p.options.mode, p.options.spectrain_target, every)
         return self.probes
 
     def detach_probes(self):

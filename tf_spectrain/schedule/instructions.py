@@ -216,6 +216,26 @@ def sync_ops(k, num_stages, num_batches, micro_batches=1, schedule="gpipe"):
     return ops
 
 
+def op_lists(mode, num_stages, num_batches, micro_batches=1, order="gpipe"):
+    """Builds each stage's instruction list for an epoch of `num_batches` mini-batches.
+
+    Args:
+        mode: the pipeline mode; "sync" gets `sync_ops`, the others `async_ops`.
+        num_stages: the number of stages.
+        num_batches: mini-batches in the epoch.
+        micro_batches: micro-batches per mini-batch (every mode).
+        order: sync mode's schedule, "gpipe" or "1f1b" (the pipeline's `schedule`).
+
+    Returns:
+        A list of `num_stages` instruction lists, stage 0 first.
+    """
+    if mode == "sync":
+        return [sync_ops(k, num_stages, num_batches, micro_batches, order)
+                for k in range(num_stages)]
+    return [async_ops(k, num_stages, num_batches, micro_batches)
+            for k in range(num_stages)]
+
+
 def max_stashed(k, num_stages, num_batches):
     """The most mini-batches ever in flight on stage `k` in `async_ops`: `w_k = min(N - k, T)`.
 

@@ -14,6 +14,7 @@ import dataclasses
 
 from tf_spectrain import checks
 from tf_spectrain.schedule import modes
+from tf_spectrain.schedule.instructions import op_lists
 
 __all__ = ["PipelineOptions"]
 
@@ -79,6 +80,10 @@ class PipelineOptions:
         """Each stage's `modes.PassPlan` in a pipeline of `num_stages` stages."""
         return [modes.pass_plan(self.mode, k, num_stages, self.spectrain_target)
                 for k in range(num_stages)]
+
+    def op_lists(self, num_stages, num_batches):
+        """Each stage's instruction list (`schedule.op_lists`) for an epoch of `num_batches`."""
+        return op_lists(self.mode, num_stages, num_batches, self.micro_batches, self.schedule)
 
     def planned(self):
         """The options a plan is priced with, as keywords (all but `replicas`)."""

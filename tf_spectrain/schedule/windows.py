@@ -89,7 +89,7 @@ class EpochWindows:
 
     Args:
         lists_for: a function `T -> op lists` giving every stage's list for an epoch of T
-            mini-batches (e.g. `runtime.state.op_lists` with the pipeline's settings).
+            mini-batches (e.g. `schedule.op_lists` with the pipeline's settings).
         num_batches: T, the epoch's mini-batches.
         size: K, the mini-batches each window reports (the last window may report fewer).
         report_stage: the stage whose updates decide what a window reports: the last one
