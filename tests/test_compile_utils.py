@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tf_spectrain import SpecTrainSGD
+from tf_spectrain.prediction import clone_optimizer
 from tf_spectrain.workflow.compile_utils import (
-    clone_optimizer,
     resolve_loss,
     resolve_metrics,
     resolve_optimizer,

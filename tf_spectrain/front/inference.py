@@ -9,6 +9,7 @@ before `compile`, with runners whose optimizer is never used.
 import keras
 import tensorflow as tf
 
+from tf_spectrain import checks
 from tf_spectrain.partition.model_structure import output_structure
 from tf_spectrain.prediction import SpecTrain
 from tf_spectrain.runtime import inference as runtime_inference
@@ -77,8 +78,8 @@ class Inference:
         x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         self._require_compiled()
         input_checks.check_verbose(verbose)
-        input_checks.check_bool("return_dict", return_dict)
-        input_checks.check_int("steps", steps, 1, none_ok=True)
+        checks.check_bool("return_dict", return_dict)
+        checks.check_int("steps", steps, 1, none_ok=True)
         x, y, sample_weight = keras_data.standardize(
             x, y, sample_weight, batch_size, steps, multi_output=is_multi_output(self.model))
         data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
@@ -128,7 +129,7 @@ class Inference:
         x = self._unbuilt.build(x)  # a Sequential without an `Input`: built from `x`
         runners = self.runners or self._forward_runners()  # Keras predicts before compile
         input_checks.check_verbose(verbose)
-        input_checks.check_int("steps", steps, 1, none_ok=True)
+        checks.check_int("steps", steps, 1, none_ok=True)
         x, _, _ = keras_data.standardize(x, batch_size=batch_size, steps=steps)
         ds, is_dataset = runtime_inference.predict_dataset(self.model, x, batch_size)
         if steps is not None:

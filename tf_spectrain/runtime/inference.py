@@ -9,11 +9,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_spectrain import checks
 from tf_spectrain.partition.keras_nodes import one_or_list
 from tf_spectrain.runtime import forward_pipeline
 from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
 from tf_spectrain.runtime.graphs import as_list, graph_function
-from tf_spectrain.workflow import batching, input_checks, iterators, sample_weights
+from tf_spectrain.workflow import (
+    batching,
+    data_checks,
+    data_structure,
+    input_checks,
+    iterators,
+    sample_weights,
+)
 
 
 def infer(runners, x):
@@ -163,27 +171,27 @@ def predict_dataset(model, x, batch_size):
     """
     is_dataset = isinstance(x, tf.data.Dataset)
     if is_dataset:
-        input_checks.check_predict_dataset(model, x)
+        data_checks.check_predict_dataset(model, x)
         ds = _model_inputs(model, x)
     else:
         bs = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-        input_checks.check_int("batch_size", bs, 1)
-        input_checks.check_inputs(model, x)
-        ds = tf.data.Dataset.from_tensor_slices(input_checks.model_inputs(model, x)).batch(bs)
+        checks.check_int("batch_size", bs, 1)
+        data_checks.check_inputs(model, x)
+        ds = tf.data.Dataset.from_tensor_slices(data_structure.model_inputs(model, x)).batch(bs)
         ds = iterators.without_autotune(ds)
     return ds, is_dataset
 
 
 def _model_inputs(model, ds):
     """A dataset of inputs or `(x, y[, w])` batches as `(inputs, ...)` batches, the inputs
-    the model's (`input_checks.model_inputs`: a dict by input name in the model's order)."""
+    the model's (`data_structure.model_inputs`: a dict by input name in the model's order)."""
     spec = ds.element_spec
     labelled = isinstance(spec, tuple) and len(spec) in (2, 3)
-    if not input_checks.changes_inputs(model, spec[0] if labelled else spec):
+    if not data_structure.changes_inputs(model, spec[0] if labelled else spec):
         return ds
     if labelled:
-        return ds.map(lambda x, *rest: (input_checks.model_inputs(model, x), *rest))
-    return ds.map(lambda *x: (input_checks.model_inputs(model, x[0] if len(x) == 1 else x),))
+        return ds.map(lambda x, *rest: (data_structure.model_inputs(model, x), *rest))
+    return ds.map(lambda *x: (data_structure.model_inputs(model, x[0] if len(x) == 1 else x),))
 
 
 def _predict_inputs(is_dataset):

@@ -13,13 +13,13 @@ import time
 
 import tensorflow as tf
 
+from tf_spectrain import prediction
 from tf_spectrain.cluster import health
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
 from tf_spectrain.runtime.graphs import as_list, differentiable
 from tf_spectrain.runtime.memory import StageMemory
 from tf_spectrain.runtime.passes import StagePasses, with_penalty
 from tf_spectrain.runtime.update import StageUpdate
-from tf_spectrain.workflow import compile_utils
 
 ACTIVATIONS = "activations"
 """`StageRunner.forward(keep=...)`: keep the forward's activations (a tape) for its backward."""
@@ -352,7 +352,7 @@ def build_runners(stages, devices, plans, optimizer, loss):
         devices: each stage's device name.
         plans: each stage's `modes.PassPlan`.
         optimizer: the compiled optimizer (cloned per stage, see
-            `compile_utils.clone_optimizer`).
+            `prediction.clone_optimizer`).
         loss: the compiled loss.
 
     Returns:
@@ -361,7 +361,7 @@ def build_runners(stages, devices, plans, optimizer, loss):
     runners = []
     for k, (stage, device, plan) in enumerate(zip(stages, devices, plans)):
         with tf.device(device):
-            stage_optimizer = compile_utils.clone_optimizer(optimizer)
+            stage_optimizer = prediction.clone_optimizer(optimizer)
             stage_optimizer.build(stage.trainable_variables)
         last_loss = loss if k == len(stages) - 1 else None
         runners.append(StageRunner(k, stage, device, stage_optimizer, plan, loss=last_loss))

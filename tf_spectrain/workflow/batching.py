@@ -8,7 +8,14 @@ epochs an uninterrupted one would.
 import numpy as np
 import tensorflow as tf
 
-from tf_spectrain.workflow import input_checks, keras_data, sample_weights
+from tf_spectrain import checks
+from tf_spectrain.workflow import (
+    data_checks,
+    data_structure,
+    input_checks,
+    keras_data,
+    sample_weights,
+)
 from tf_spectrain.workflow.iterators import retire, without_autotune
 from tf_spectrain.workflow.outputs import OutputLoss, is_multi_output
 
@@ -37,13 +44,13 @@ def dataset(model, loss, x, y, batch_size, shuffle, names=("x", "y"), sample_wei
         ValueError, TypeError: for a bad `batch_size` or data that does not fit the model.
     """
     batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    input_checks.check_int("batch_size", batch_size, 1)
-    n_x = input_checks.check_data(model, loss, x, y, names)
+    checks.check_int("batch_size", batch_size, 1)
+    n_x = data_checks.check_data(model, loss, x, y, names)
     if n_x is None:
         return _labels_in_order(model, loss, x)  # a dataset of (x, y) batches, as given
     input_checks.check_sample_weight(sample_weight, n_x)
-    inputs = input_checks.model_inputs(model, x)
-    labels = sample_weights.pack(input_checks.model_labels(model, y), sample_weight)
+    inputs = data_structure.model_inputs(model, x)
+    labels = sample_weights.pack(data_structure.model_labels(model, y), sample_weight)
     ds = tf.data.Dataset.from_tensor_slices((inputs, labels))
     if shuffle:
         ds = ds.shuffle(n_x, reshuffle_each_iteration=True)
@@ -58,17 +65,17 @@ def _labels_in_order(model, loss, ds):
     Labels given as a dict (by output name) or a list are mapped to that tuple; a tuple, or
     a model with one output, leaves the labels as they are. `(x, y, sample_weight)` batches
     become `(x, y)` batches whose labels carry their weights, and the inputs are made the
-    model's (`input_checks.model_inputs`: a dict by input name in the model's order).
+    model's (`data_structure.model_inputs`: a dict by input name in the model's order).
     """
     if len(ds.element_spec) == 3:
         ds = ds.map(lambda x, y, w: (x, sample_weights.pack(y, w)))
-    if input_checks.changes_inputs(model, ds.element_spec[0]):  # a dict, or Keras' ranks
-        ds = ds.map(lambda x, y: (input_checks.model_inputs(model, x), y))
+    if data_structure.changes_inputs(model, ds.element_spec[0]):  # a dict, or Keras' ranks
+        ds = ds.map(lambda x, y: (data_structure.model_inputs(model, x), y))
     labels, _ = sample_weights.unpack(ds.element_spec[1])
     if is_multi_output(model) and isinstance(labels, (dict, list)):
         def in_order(x, y):
             y, w = sample_weights.unpack(y)
-            return x, sample_weights.pack(input_checks.model_labels(model, y), w)
+            return x, sample_weights.pack(data_structure.model_labels(model, y), w)
 
         ds = ds.map(in_order)
     _build_loss(loss, ds)
@@ -104,7 +111,7 @@ def epoch_batches(model, x, y, batch_size, seed, epoch, order=None):
         A `tf.data.Dataset` of `(x, y)` batches, in the epoch's order.
     """
     batch_size = input_checks.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    inputs = input_checks.model_inputs(model, x)
+    inputs = data_structure.model_inputs(model, x)
     n = len(tf.nest.flatten(inputs)[0])
     if order is None:
         order = np.random.default_rng([seed, epoch]).permutation(n)
@@ -174,7 +181,7 @@ class EpochFeed:
                 micro_batches,
             )
         labels = y if isinstance(x, tf.data.Dataset) else sample_weights.pack(
-            input_checks.model_labels(model, y), sample_weight)
+            data_structure.model_labels(model, y), sample_weight)
         self._arrays = (model, x, labels, batch_size)
         self._per_epoch_order = (
             shuffle and not isinstance(x, tf.data.Dataset) and steps_per_epoch is None

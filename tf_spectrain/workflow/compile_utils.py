@@ -4,7 +4,7 @@ import warnings
 
 import keras
 
-from tf_spectrain import messages, prediction
+from tf_spectrain import messages
 from tf_spectrain.workflow import sample_weights
 
 _ACCURACY = ("accuracy", "acc")
@@ -170,11 +170,6 @@ def resolve_optimizer(optimizer):
             "tf_spectrain.SpecTrainSGD(0.01, momentum=0.9). "
             f"Received: optimizer={optimizer!r}"
         ) from None
-
-
-def clone_optimizer(optimizer):
-    """A fresh, unbuilt copy of `optimizer` for one stage (see `prediction.clone_optimizer`)."""
-    return prediction.clone_optimizer(optimizer)
 
 
 def check_clipping(optimizer, mode):

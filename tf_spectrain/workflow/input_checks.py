@@ -5,7 +5,7 @@ the right type but out of range `ValueError`; the message names the argument, sh
 value and says what is valid. `PipelineModel.fit`, `evaluate` and `predict` call these
 once, at the API boundary, so a mistake never surfaces later from deep inside Keras,
 TensorFlow or a stage thread. Whether data fit the model is `tf_spectrain.workflow.data_checks`
-and `tf_spectrain.workflow.data_structure` (their public functions are re-exported here).
+(with `tf_spectrain.workflow.data_structure`: data in parts per model input and output).
 """
 
 import keras
@@ -13,22 +13,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_spectrain.checks import check_bool, check_int
-from tf_spectrain.workflow.data_checks import check_data, check_inputs, check_predict_dataset
-from tf_spectrain.workflow.data_structure import changes_inputs, model_inputs, model_labels
+from tf_spectrain.workflow.data_checks import check_data
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "changes_inputs",
-    "check_bool",
-    "check_data",
     "check_fit_args",
-    "check_inputs",
-    "check_int",
     "check_micro_batch_split",
-    "check_predict_dataset",
     "check_verbose",
-    "model_inputs",
-    "model_labels",
     "unpack_validation_data",
     "validation_names",
 ]
