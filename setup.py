@@ -19,10 +19,11 @@ EXTRAS_REQUIRE = {
     # matplotlib: tests/test_benchmarks.py runs the benchmarks, plots included. ruff: the
     # linter, pinned so that every machine checks the same rules. pytest-xdist: the suite
     # runs on one worker per core (pytest.ini). import-linter: the floors of the package
-    # (pyproject.toml's contracts), pinned like the linter.
+    # (pyproject.toml's contracts), pinned like the linter; grimp, its import graph, also
+    # read by tests/test_layout.py.
     "test": [
         "pytest>=8,<10", "pytest-xdist>=3.5,<4", "matplotlib>=3.8,<4", "ruff==0.17.6",
-        "import-linter==2.17",
+        "import-linter==2.17", "grimp>=3.5,<4",
     ],
     "gpu": [TENSORFLOW.replace("tensorflow", "tensorflow[and-cuda]", 1)],  # the same range
     "bench": ["matplotlib>=3.8,<4"],  # the PNG plots of benchmarks/

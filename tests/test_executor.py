@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.prediction import SpecTrainSGD
-from tf_spectrain.runtime import executor
+from tf_spectrain.runtime import feed
 
 
 def wide_mlp(width=512, depth=4, inputs=256, classes=10, name="wide"):
@@ -123,11 +123,11 @@ def test_too_short_data_with_steps_per_epoch_says_what_to_do():
 @pytest.mark.parametrize("n, parts, sizes", [(8, 2, [4, 4]), (7, 3, [3, 2, 2]), (5, 5, [1] * 5)])
 def test_split_batch_sizes_and_content(n, parts, sizes):
     x = tf.reshape(tf.range(n * 2), (n, 2))
-    pieces = executor.split_batch(x, parts)
+    pieces = feed.split_batch(x, parts)
     assert [size for _, size in pieces] == sizes
     np.testing.assert_array_equal(np.concatenate([p.numpy() for p, _ in pieces]), x.numpy())
 
 
 def test_split_batch_refuses_more_parts_than_examples():
     with pytest.raises(ValueError, match="cannot be split into 4 micro-batches"):
-        executor.split_batch(tf.zeros((3, 2)), 4)
+        feed.split_batch(tf.zeros((3, 2)), 4)

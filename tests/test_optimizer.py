@@ -1,4 +1,4 @@
-"""Tests for `tf_spectrain.optimizer.SpecTrainSGD`.
+"""Tests for `tf_spectrain.prediction.SpecTrainSGD`.
 
 References are independent of the code under test: Keras' own `SGD` (golden trajectories)
 and small NumPy re-implementations of the update and prediction rules written here.

@@ -45,7 +45,6 @@ def trainer_model(trainer):
     return trainer.model if isinstance(trainer, PipelineModel) else trainer
 
 
-
 def is_pipeline(trainer):
     """Whether `trainer` is a `tf_spectrain.PipelineModel`."""
     return isinstance(trainer, PipelineModel)
@@ -64,14 +63,13 @@ def trainer_optimizers(trainer):
         TypeError: `trainer` is neither.
         ValueError: a pipeline that is not compiled.
     """
-    if not is_pipeline(trainer):
-        _checktrainer_model(trainer)
     if is_pipeline(trainer):
         return list(trainer.stage_optimizers)
+    _check_keras_model(trainer)
     return [trainer.optimizer]
 
 
-def _checktrainer_model(trainer):
+def _check_keras_model(trainer):
     """Refuses what is neither a pipeline nor a keras.Model."""
     if not isinstance(trainer, keras.Model):
         raise TypeError(
@@ -92,7 +90,7 @@ def _parts(trainer):
             if scale is not None:  # a LossScaleOptimizer's own variables, per stage
                 parts.append((f"stage{k}/loss_scale", list(scale.variables)))
         return parts
-    _checktrainer_model(trainer)
+    _check_keras_model(trainer)
     optimizer = getattr(trainer, "optimizer", None)
     if optimizer is None:
         raise ValueError("The keras.Model must be compiled (with an optimizer) to be checkpointed.")

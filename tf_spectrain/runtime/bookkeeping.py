@@ -44,7 +44,7 @@ def fresh_metrics(metrics):
     """Copies of compiled metrics with fresh state (from their configs), for `evaluate`.
 
     Args:
-        metrics: a list of Keras metrics, or an `outputs.OutputMetrics`.
+        metrics: a list of Keras metrics, or an `output_metrics.OutputMetrics`.
 
     Returns:
         The same kind of object, its metrics new.

@@ -2,8 +2,7 @@
 
 `EpochRun` holds an epoch's threads, data feed, watchdog and failure handling, for one
 pipeline or R replicas of it, and reports each mini-batch's results to the caller's thread;
-what each stage thread does with its ops is `runtime.stage_threads`. `split_batch` (from
-`runtime.feed`) cuts a mini-batch into parts.
+what each stage thread does with its ops is `runtime.stage_threads`.
 """
 
 import threading
@@ -13,12 +12,12 @@ import tensorflow as tf
 
 from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
-from tf_spectrain.runtime.feed import Feed, split_batch
+from tf_spectrain.runtime.feed import Feed
 from tf_spectrain.runtime.handoff import Board, FailureBox, PipelineAborted, watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage_threads import STOP, StageThreads
 
-__all__ = ["EpochRun", "split_batch"]
+__all__ = ["EpochRun"]
 
 # Once a worker is declared lost, how long to wait for the stage threads to end: a thread
 # blocked in a remote op on that worker never returns, and is left behind (a daemon).

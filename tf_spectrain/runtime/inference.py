@@ -54,7 +54,7 @@ class Evaluator:
         runners: the stages' `StageRunner`s, in order.
         model: the wrapped Keras model (to check the data).
         loss: the compiled loss.
-        metrics: the compiled metrics (or `outputs.OutputMetrics`); fresh copies are made
+        metrics: the compiled metrics (or `output_metrics.OutputMetrics`); fresh copies are made
             from their configs, so the training metrics are left alone.
     """
 

@@ -196,7 +196,7 @@ class EpochFeed:
         """Gives the `(x, y)` mini-batches of the next epoch.
 
         The previous epoch's iterator (if it was one per epoch) is retired: deleted on a
-        background thread (`runtime.iterators.retire`), so that no epoch waits for it.
+        background thread (`workflow.iterators.retire`), so that no epoch waits for it.
 
         Args:
             seed: the pipeline's shuffle seed (used only for arrays shuffled per epoch).
