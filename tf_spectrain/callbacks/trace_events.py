@@ -218,8 +218,8 @@ def pipeline_trace(timelines, op_lists, devices=None, epoch_start=None, epoch_se
         stages.append({"stage": k, "device": device, "busy_seconds": busy / 1e6,
                        "busy_fraction": fraction, "bubble": 1.0 - fraction,
                        "bubble_schedule": idle[k]})
-        on = f" on {device}" if device else ""
-        track = (f"stage {k}{on}: busy {fraction:.1%}, bubble {1 - fraction:.1%} "
+        on = f" ({device})" if device else ""
+        track = (f"stage {k}{on}, busy {fraction:.1%}, bubble {1 - fraction:.1%} "
                  f"(schedule {idle[k]:.1%})")
         events += [_metadata("thread_name", {"name": track}, k),
                    _metadata("thread_sort_index", {"sort_index": k}, k)] + stage_events
