@@ -239,3 +239,47 @@ def _split_cpu(n):
             "cores, so a pipeline shows overlap of stages, not speed-up.",
             stacklevel=3,
         )
+
+
+def device_memory_bytes(name):
+    """The memory of a local device in bytes, or None when it does not report one.
+
+    A logical GPU has the `memory_limit` it was configured with (`setup_devices` splits a
+    GPU so); a whole GPU has its total memory (`gpu_memory_mb`). A CPU device shares the
+    host's memory: None.
+
+    Args:
+        name: a device name such as "/GPU:1" or "/CPU:0".
+
+    Returns:
+        An int of bytes, or None.
+    """
+    spec = tf.DeviceSpec.from_string(name)
+    if (spec.device_type or "CPU").upper() != "GPU" or spec.job not in (None, "localhost"):
+        return None
+    physical = tf.config.list_physical_devices("GPU")
+    configured = [
+        [c.memory_limit for c in tf.config.get_logical_device_configuration(gpu) or []]
+        for gpu in physical
+    ]
+    totals = gpu_memory_mb(len(physical)) if not all(configured) else [None] * len(physical)
+    mb = logical_gpu_memory_mb(configured, totals)
+    index = spec.device_index or 0
+    return None if index >= len(mb) or mb[index] is None else mb[index] * 2**20
+
+
+def logical_gpu_memory_mb(configured, totals):
+    """Each logical GPU's memory in MB, in TensorFlow's order (pure).
+
+    Args:
+        configured: per physical GPU, the `memory_limit`s (MB, or None) of its logical
+            devices; an empty list for a GPU that is not split.
+        totals: per physical GPU, its total memory in MB, or None.
+
+    Returns:
+        A list with one entry per logical GPU: its limit, or for an unsplit GPU its total.
+    """
+    out = []
+    for limits, total in zip(configured, totals):
+        out += list(limits) if limits else [total]
+    return out

@@ -79,7 +79,7 @@ def parse_args(argv=None):
         errors += e.errors
     if errors:
         parser.error("\n  ".join(errors))
-    errors = _check_writable(config)
+    errors = [] if config.plan else _check_writable(config)  # --plan writes nothing
     if errors:
         parser.error("\n  ".join(errors))
     return config
@@ -197,6 +197,7 @@ def main(argv=None):
         0 after training, and after a clean stop on SIGINT/SIGTERM (with a checkpoint and the
         command that resumes); 1 when training stopped on a non-finite loss or a checkpoint
         could not be written.
+        With `--plan`: 0 when every stage fits, 3 when one would not (nothing trained).
 
     Raises:
         SystemExit: with code 2 on bad flags or a bad `--cuts` (after printing every error),
@@ -205,6 +206,8 @@ def main(argv=None):
     """
     parser = build_parser()
     config = parse_args(argv)
+    if config.plan:
+        return _plan(parser, config)
     from tf_spectrain.app import preparation, training
     from tf_spectrain.callbacks import CheckpointWriteError
     from tf_spectrain.pipeline_model import NonFiniteLossError
@@ -243,6 +246,17 @@ def main(argv=None):
         print(f"trained model saved to {result['export']}")
     print(_summary_line(result, config, preparation.example_unit(config)))
     return 0
+
+
+def _plan(parser, config):
+    """`--plan`: prints the plan and returns its exit code (0, or 3 when a stage would not
+    fit); cuts that are not the model's exit with 2."""
+    from tf_spectrain.app import planning
+
+    try:
+        return planning.plan_run(config)
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
 
 
 def _stop_message(result, run, argv, signal_name):

@@ -69,6 +69,8 @@ class RunConfig:
     schedule: str = "gpipe"
     recompute: str = "auto"
     replicas: int = 1
+    memory_limit: str | int | None = None  # per device: bytes, or a size such as "16GiB"
+    plan: bool = False
     dataset: str | None = None  # None: default_dataset(model)
     data_dir: str | None = None
     download: bool = False

@@ -11,13 +11,14 @@ import os
 from tf_spectrain import checks, data, models
 from tf_spectrain.app.kinds import KINDS, dataset_kind, model_kind
 from tf_spectrain.app.trainers import OPTIMIZERS, PRECISIONS
+from tf_spectrain.costmodel import parse_memory_size
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
 
 MAX_DEVICES = 64
 MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
-SWITCHES = ("download", "graph", "histograms", "resume")
+SWITCHES = ("download", "graph", "histograms", "resume", "plan")
 
 
 def flag(field):
@@ -170,6 +171,7 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
             f"no pipeline. Received: --recompute {c.recompute} with --mode {c.mode}"
         )
     devices_ok = _check_replicas(p, c, batch_ok, devices_ok)
+    _check_plan_flags(p, c)
     cuts = c.cuts
     if cuts == "auto":
         return
@@ -201,6 +203,28 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
                 f"--cuts must name each layer once. Received: --cuts {','.join(cuts)} "
                 f"({', '.join(repeated)} repeated)"
             )
+
+
+def _check_plan_flags(p, c):
+    """--memory-limit (a size; it steers --cuts auto, or is checked by --plan) and --plan."""
+    if c.memory_limit is not None and p.check(parse_memory_size, c.memory_limit,
+                                              name="--memory-limit"):
+        if not c.plan and c.mode not in modes.PIPELINE_MODES:
+            p.add(f"--memory-limit steers the planned cuts of a pipeline (a mode among "
+                  f"{list(modes.PIPELINE_MODES)}); to check --mode {c.mode} against it, add "
+                  f"--plan. Received: --memory-limit {c.memory_limit} with --mode {c.mode}")
+        elif not c.plan and c.cuts != "auto":
+            p.add("--memory-limit steers the planned cuts (--cuts auto); to check given "
+                  "cuts against it, add --plan. Received: --memory-limit "
+                  f"{c.memory_limit} with --cuts {_cuts_text(c.cuts)}")
+    if c.plan is True and c.cluster is not None:
+        p.add("--plan prices the stages on this machine's devices; it cannot go with "
+              f"--cluster. Received: --plan with --cluster {c.cluster}; use --gpus N")
+
+
+def _cuts_text(cuts):
+    """--cuts as typed."""
+    return cuts if isinstance(cuts, str) else ",".join(map(str, cuts))
 
 
 def _check_replicas(p, c, batch_ok, devices_ok):

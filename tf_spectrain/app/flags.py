@@ -128,6 +128,20 @@ def _add_pipeline(add):
         "pipelines of devices / replicas stages, each mini-batch is split evenly across "
         "them and each stage's gradients are summed over its copies before every update",
     )
+    add(
+        "memory_limit",
+        help="memory each device may use, e.g. 16GiB, 512MiB, 1.5GB or bytes: --cuts auto "
+        "then plans only cuts whose stages fit it (and their device's memory); with --plan, "
+        "every stage is checked against it",
+    )
+    add(
+        "plan",
+        action="store_true",
+        help="print the plan and exit without training: the cuts (given ones priced, "
+        "'auto' planned), each stage's predicted time and memory (weights, optimizer "
+        "slots, activations in flight, stashed weights) against its device's memory and "
+        "--memory-limit; exit code 3 when a stage would not fit (2: bad flags)",
+    )
 
 
 def _add_data(add):

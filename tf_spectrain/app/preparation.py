@@ -154,6 +154,7 @@ def prepare(config):
         batch_size=config.batch_size,
         precision=config.precision,
         steps_per_execution=config.steps_per_execution,
+        memory_limit=config.memory_limit,
     )
     model = checkpoint.trainer_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)

@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from tf_spectrain import checks
+from tf_spectrain.costmodel import parse_memory_size
 from tf_spectrain.partition import model_memory
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.prediction import SpecTrainSGD
@@ -109,6 +110,7 @@ def build_trainer(
     batch_size=32,
     precision="float32",
     steps_per_execution="auto",
+    memory_limit=None,
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -139,6 +141,8 @@ def build_trainer(
             `mixed_float16` scales the loss dynamically, as `keras.Model.compile` does.
         steps_per_execution: mini-batches per graph call (`compile`'s argument); "auto"
             is the pipeline's default, and 1 (Keras' default) for `single` and `dp`.
+        memory_limit: pipelines with "auto" cuts: None or the memory each device may use
+            (bytes, or a size such as "16GiB"); only cuts whose stages fit are planned.
 
     Returns:
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
@@ -195,6 +199,7 @@ def build_trainer(
         recompute=recompute,
         replicas=replicas,
         profile_batch_size=max(1, batch_size // replicas),  # what each replica runs
+        memory_limit=None if memory_limit is None else parse_memory_size(memory_limit),
     )
     pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics,
                  steps_per_execution=steps_per_execution)

@@ -14,6 +14,10 @@ TensorFlow (imported on first use). docs/COSTMODEL.md gives the equations.
     dp = costmodel.predict_data_parallel(profile, gpus, 128)
     pipe = costmodel.predict_pipeline(profile, gpus, 128, cuts, num_batches=391)
     print(pipe.images_per_second / dp.images_per_second)
+
+Before a run, `plan_pipeline(model, devices, batch_size, cuts=..., memory_limit="16GiB",
+mode=..., micro_batches=...)` prices a pipeline's cuts (or plans them) and sets each
+stage's predicted memory against its device's: `print` the returned `RunPlan`.
 """
 
 from tf_spectrain.costmodel.async_pipeline import predict_hybrid, predict_pipeline
@@ -32,6 +36,7 @@ from tf_spectrain.costmodel.profile import (
     StageCost,
     calibrate_stages,
 )
+from tf_spectrain.costmodel.run_plan import RunPlan, parse_memory_size
 from tf_spectrain.costmodel.runtime_costs import PASS_BY_PASS, WINDOWS, RuntimeCosts
 from tf_spectrain.costmodel.simulate import simulate_epoch, steady_cycle
 from tf_spectrain.costmodel.stage_terms import StageEstimate, StageTerms
@@ -46,6 +51,10 @@ def __getattr__(name):
         from tf_spectrain.costmodel import measure
 
         return getattr(measure, name)
+    if name in ("plan_pipeline", "price_cuts"):
+        from tf_spectrain.costmodel import preflight
+
+        return getattr(preflight, name)
     if name == "auto_partition":
         from tf_spectrain.costmodel import autoplan
 
@@ -63,6 +72,7 @@ __all__ = [
     "PASS_BY_PASS",
     "PCIE3_X16",
     "PartitionPlan",
+    "RunPlan",
     "RuntimeCosts",
     "StageCost",
     "StageEstimate",
@@ -75,12 +85,15 @@ __all__ = [
     "measure_link",
     "measure_stages",
     "pipeline_times",
+    "parse_memory_size",
     "plan_partition",
+    "plan_pipeline",
     "predict_data_parallel",
     "predict_hybrid",
     "predict_pipeline",
     "predict_single",
     "predict_sync",
+    "price_cuts",
     "profile_model",
     "simulate_epoch",
     "steady_cycle",

@@ -53,6 +53,7 @@ def auto_partition(
     schedule="gpipe",
     recompute="auto",
     options=None,
+    optimizer_slots=1,
 ):
     """Chooses cuts for `model` on `devices` from measured time (see the module docstring).
 
@@ -78,6 +79,8 @@ def auto_partition(
             of `mode`, `spectrain_target`, `micro_batches`, `schedule` and `recompute`
             (then left at their defaults); its `replicas` is not planned for: give the
             batch size of one copy of the pipeline.
+        optimizer_slots: optimizer variables per weight (1: momentum SGD, 2: Adam), for
+            the stages' memory.
 
     Returns:
         A `PartitionPlan` (its `measured` holds each stage's measured forward plus
@@ -101,8 +104,8 @@ def auto_partition(
     keeping = _cuts_keeping_masks(model, len(devices))
     saved = [v.numpy() for v in model.non_trainable_variables]
     try:
-        profiles = [_profile(model, batch_size, d) for d in _profiling_devices(devices)]
-        bandwidth, latency = _link(devices, link_bandwidth)
+        profiles = stage_profiles(model, devices, batch_size)
+        bandwidth, latency = stage_link(devices, link_bandwidth)
         settings = dict(
             # None (any layer but the last) unless a cut would lose a Keras mask.
             allowed=None if len(keeping) == len(profiles[0]) - 1 else keeping,
@@ -112,6 +115,7 @@ def auto_partition(
             latency=latency,
             memory_limit=memory_limit,
             devices=devices,
+            optimizer_slots=optimizer_slots,
             **options.planned(),
         )
         plan = planning.plan_partition(profiles, **settings)
@@ -157,6 +161,17 @@ def _cuts_keeping_masks(model, num_stages):
     return keeping
 
 
+def stage_profiles(model, devices, batch_size):
+    """Each stage's `ModelProfile` of `model` at `batch_size` (one per kind of device, cached).
+
+    Args:
+        model: a functional `keras.Model`.
+        devices: one device name per stage.
+        batch_size: the batch size to profile at, an int >= 1.
+    """
+    return [_profile(model, batch_size, d) for d in _profiling_devices(devices)]
+
+
 def _profiling_devices(devices):
     """Each stage's profiling device: the first stage device of its kind."""
     first_of_kind = {}
@@ -180,8 +195,9 @@ def _profile(model, batch_size, device):
     return _PROFILES[key]
 
 
-def _link(devices, link_bandwidth):
-    """`(bandwidth, latency)` of the hand-offs between neighbouring stages."""
+def stage_link(devices, link_bandwidth=None):
+    """`(bandwidth, latency)` of the hand-offs between neighbouring stages on `devices`:
+    `link_bandwidth` if given, free between CPU devices, else measured (`measure_link`)."""
     if link_bandwidth is not None:
         return link_bandwidth, 0.0
     distinct = list(dict.fromkeys(devices))
