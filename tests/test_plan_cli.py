@@ -11,6 +11,7 @@ from tf_spectrain.costmodel.run_plan import RunPlan, parse_memory_size
 from tf_spectrain.costmodel.stage_terms import StageEstimate
 
 MiB = 2**20
+README_EXAMPLE = ["--model", "small_cnn", "--gpus", "2", "--plan", "--memory-limit", "8MiB"]
 
 
 @pytest.fixture(autouse=True)
@@ -122,8 +123,7 @@ def test_too_small_memory_limit_exits_3_naming_the_stage(capsys, no_training):
 
 
 def test_memory_limit_makes_auto_cuts_that_fit(capsys, no_training):
-    code = cli.main(["--model", "small_cnn", "--gpus", "2", "--plan", "--memory-limit",
-                     "8MiB"])
+    code = cli.main(README_EXAMPLE)
     out = capsys.readouterr().out
     assert code == 0
     rows = plan_lines(out)
@@ -186,3 +186,10 @@ def test_plan_pipeline_refuses_bad_cuts_before_profiling(small_cnn):
         costmodel.plan_pipeline(model, ["/CPU:0", "/CPU:1"], 16, cuts=["relu1", "pool1"])
     with pytest.raises(ValueError, match="`memory_limit` must be"):
         costmodel.plan_pipeline(model, ["/CPU:0", "/CPU:1"], 16, memory_limit="lots")
+
+
+def test_the_readme_example_is_the_one_tested_here():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    section = readme.split("### Know before you run")[1]
+    command = re.search(r"```bash\n(python train.py [^\n]*)\n```", section).group(1)
+    assert command.split()[2:] == README_EXAMPLE
