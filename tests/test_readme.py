@@ -64,7 +64,7 @@ def test_the_several_hosts_example_is_what_the_remote_pipeline_test_runs():
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch):
-    """The API example, then the resume example, run one after the other."""
+    """The API example, then the resume and trace examples, run one after the other."""
     code = "\n".join(block for lang, block in BLOCKS if lang == "python" and NEEDS not in block)
     # The same code on a small model and a slice of the data, so that it runs in seconds.
     replacements = [
@@ -84,4 +84,6 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert any(name.startswith("events") for _, _, files in os.walk(tmp_path / "runs")
                for name in files)
     assert namespace["info"]["epoch"] == 2  # the resume example continued after epoch 2
-    assert namespace["pipe"].stage_optimizers[0].iterations.numpy() == 3 * 2  # 96 / 64
+    # ... and the trace example trained epoch 3 with a PipelineTrace: 4 epochs of 96 / 64.
+    assert namespace["pipe"].stage_optimizers[0].iterations.numpy() == 4 * 2
+    assert (tmp_path / "runs" / "api" / "trace" / "trace_epoch_3.json").exists()
