@@ -193,3 +193,27 @@ def test_the_readme_example_is_the_one_tested_here():
     section = readme.split("### Know before you run")[1]
     command = re.search(r"```bash\n(python train.py [^\n]*)\n```", section).group(1)
     assert command.split()[2:] == README_EXAMPLE
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory-limit", "1GiB", "--gpus", "2", "--cuts", "relu1"],
+     "--memory-limit steers the planned cuts .*add --plan"),
+    (["--memory-limit", "1GiB", "--mode", "dp"], "to check --mode dp against it, add --plan"),
+    (["--plan", "--cluster", "127.0.0.1:1,127.0.0.1:2"], "--plan prices the stages on this"),
+])
+def test_memory_limit_and_plan_flag_conflicts_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["--model", "small_cnn"] + argv)
+    assert stop.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_training_plans_within_the_memory_limit():
+    from tf_spectrain.app import trainers
+
+    def build():
+        return models.get_model("mlp", (8, 8, 1), 10)
+
+    with pytest.raises(costmodel.MemoryLimitError, match="No cuts of model"):
+        trainers.build_trainer(build, "sync", ["/CPU:0", "/CPU:1"], learning_rate=0.1,
+                               memory_limit="1KiB", batch_size=8)

@@ -3,8 +3,9 @@
 The model is built as training would build it (its dataset's shapes, `--precision`), and
 `costmodel.plan_pipeline` prices the given `--cuts` or plans `--cuts auto` (profiling the
 layers on the stage devices, within `--memory-limit` and each device's memory) for
-`--mode`, `--micro-batches`, `--schedule`, `--recompute` and `--batch-size`. Nothing is
-trained or written: no log directory, checkpoint or exported model.
+`--mode`, `--micro-batches`, `--schedule`, `--recompute` and `--batch-size` (calibrating
+`CALIBRATION_ROUNDS` times at most). Nothing is trained or written: no log directory,
+checkpoint or exported model.
 
 Exit codes: 0 when every stage fits, `DOES_NOT_FIT` (3) when a stage would not (the
 message names it and what to do); bad flags exit with 2 before any work.
@@ -27,6 +28,12 @@ from tf_spectrain.schedule.options import PipelineOptions
 
 DOES_NOT_FIT = 3
 """`train.py --plan`'s exit code when a stage would not fit its device or `--memory-limit`."""
+
+CALIBRATION_ROUNDS = 2
+"""`--plan --cuts auto` times the planned stages whole at most this often (training's
+`--cuts auto` up to 4 times, `costmodel.auto_partition`): each round of a large model
+costs seconds, and later rounds rarely move a cut. To train the plan printed, pass its
+`--cuts`."""
 
 
 def optimizer_slots(config):
@@ -92,7 +99,8 @@ def plan_run(config):
     try:
         plan = costmodel.plan_pipeline(
             model, stage_devices, batch, cuts=cuts, memory_limit=config.memory_limit,
-            optimizer_slots=optimizer_slots(config), options=options)
+            optimizer_slots=optimizer_slots(config), options=options,
+            calibration_rounds=CALIBRATION_ROUNDS)
     except costmodel.MemoryLimitError as error:
         hints = _flag_hints(config, options, len(stage_devices))
         print(f"train.py: error: {error}\nTry {', '.join(hints)}.", file=sys.stderr)
