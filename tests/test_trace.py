@@ -263,3 +263,21 @@ def test_a_file_where_the_folder_should_be_is_named(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="`path`"):
         PipelineTrace(blocker)
+
+
+def test_replicas_and_an_epoch_stopped_early(tmp_path):
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = batch >= 2  # those in flight then drain
+
+    callback = PipelineTrace(tmp_path)
+    pipe = fit([callback, StopAfter()], cuts=("dense1",), replicas=2)
+    done = pipe.state.epoch_progress[1]
+    assert 3 <= done < 8
+    trace = callback.last_trace
+    check_format(trace, 2, pipe.state.devices)  # replica 0's two stages
+    batches = {e["args"]["mini_batch"] for e in slices(trace, cat="pass")}
+    assert batches == set(range(done))
+    table = schedule.clock_table(pipe.state.op_lists(done))
+    assert trace["otherData"]["bubble_schedule"] == pytest.approx(
+        schedule.bubble_fraction(table))
