@@ -217,3 +217,28 @@ def test_training_plans_within_the_memory_limit():
     with pytest.raises(costmodel.MemoryLimitError, match="No cuts of model"):
         trainers.build_trainer(build, "sync", ["/CPU:0", "/CPU:1"], learning_rate=0.1,
                                memory_limit="1KiB", batch_size=8)
+
+
+def test_peaks_are_read_where_devices_report_them(small_cnn, monkeypatch):
+    # No GPU here: fake one that reports memory, to check what the plan does with it.
+    from tf_spectrain.costmodel import preflight
+
+    model, profile = small_cnn
+    peaks = {"/GPU:0": 3 * MiB, "/GPU:1": 5 * MiB}
+    calls = []
+    monkeypatch.setattr(preflight, "_kind", lambda d: "GPU")
+    monkeypatch.setattr(devices, "device_memory_bytes", lambda d: 4 * MiB)
+    monkeypatch.setattr(preflight.tf.config.experimental, "reset_memory_stats", calls.append)
+    monkeypatch.setattr(preflight.tf.config.experimental, "get_memory_info",
+                        lambda d: {"current": 0, "peak": peaks[d]})
+    monkeypatch.setattr(preflight.measure, "measure_stages",
+                        lambda *args, **kwargs: calls.append(kwargs["device"]))
+    run = costmodel.plan_pipeline(model, ["/GPU:0", "/GPU:1"], 16, cuts=["pool2"],
+                                  profile=profile)
+    assert calls == ["/GPU:0", "/GPU:1", ["/GPU:0", "/GPU:1"]]
+    assert run.peaks == (3 * MiB, 5 * MiB) and run.device_memory == (4 * MiB,) * 2
+    assert run.over == [k for k, s in enumerate(run.plan.stages) if s.memory_bytes > 4 * MiB]
+    text = str(run)
+    assert "one mini-batch in flight and no optimizer slots" in text
+    assert [line.split()[7] for line in text.split("Predicted memory")[1].splitlines()[2:4]] == [
+        "3.00", "5.00"]
