@@ -32,8 +32,9 @@ DOES_NOT_FIT = 3
 CALIBRATION_ROUNDS = 2
 """`--plan --cuts auto` times the planned stages whole at most this often (training's
 `--cuts auto` up to 4 times, `costmodel.auto_partition`): each round of a large model
-costs seconds, and later rounds rarely move a cut. To train the plan printed, pass its
-`--cuts`."""
+costs seconds (about 10 s for ResNet-50 on a 2-core CPU), so training's four rounds would
+take --plan past a minute. Four plan better than two (docs/COSTMODEL.md), so training may
+cut elsewhere; to train the plan printed, pass its `--cuts`."""
 
 
 def optimizer_slots(config):
