@@ -138,8 +138,8 @@ def _add_pipeline(add):
         "plan",
         action="store_true",
         help="print the plan and exit without training: the cuts (given ones priced, "
-        "'auto' planned, its stages timed whole twice at most, so pass the printed --cuts "
-        "to train that plan), each stage's predicted time and memory (weights, optimizer "
+        "'auto' planned as training plans them; pass the printed --cuts to train that "
+        "very plan), each stage's predicted time and memory (weights, optimizer "
         "slots, activations in flight, stashed weights) against its device's memory and "
         "--memory-limit; exit code 3 when a stage would not fit (2: bad flags)",
     )

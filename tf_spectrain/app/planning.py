@@ -3,8 +3,8 @@
 The model is built as training would build it (its dataset's shapes, `--precision`), and
 `costmodel.plan_pipeline` prices the given `--cuts` or plans `--cuts auto` (profiling the
 layers on the stage devices, within `--memory-limit` and each device's memory) for
-`--mode`, `--micro-batches`, `--schedule`, `--recompute` and `--batch-size` (calibrating
-`CALIBRATION_ROUNDS` times at most). Nothing is trained or written: no log directory,
+`--mode`, `--micro-batches`, `--schedule`, `--recompute` and `--batch-size`, as training
+would plan them (`CALIBRATION_ROUNDS`). Nothing is trained or written: no log directory,
 checkpoint or exported model.
 
 Exit codes: 0 when every stage fits, `DOES_NOT_FIT` (3) when a stage would not (the
@@ -29,12 +29,12 @@ from tf_spectrain.schedule.options import PipelineOptions
 DOES_NOT_FIT = 3
 """`train.py --plan`'s exit code when a stage would not fit its device or `--memory-limit`."""
 
-CALIBRATION_ROUNDS = 2
-"""`--plan --cuts auto` times the planned stages whole at most this often (training's
-`--cuts auto` up to 4 times, `costmodel.auto_partition`): each round of a large model
-costs seconds (about 10 s for ResNet-50 on a 2-core CPU), so training's four rounds would
-take --plan past a minute. Four plan better than two (docs/COSTMODEL.md), so training may
-cut elsewhere; to train the plan printed, pass its `--cuts`."""
+CALIBRATION_ROUNDS = 4
+"""`--plan --cuts auto` times the planned stages whole at most this often, as training's
+`--cuts auto` does (`costmodel.auto_partition`), so that it plans as training would. Each
+round of a large model costs seconds (about 10 s for ResNet-50 on a 2-core CPU): 2 would
+take `--plan` for ResNet-50 from 48 s to 32 s there, but four rounds plan better than
+two (docs/COSTMODEL.md)."""
 
 
 def optimizer_slots(config):
