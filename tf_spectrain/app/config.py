@@ -91,6 +91,7 @@ class RunConfig:
     steps_per_execution: int | str = "auto"
     graph: bool = False
     histograms: bool = False
+    trace: bool = False
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 3
     resume: bool = False

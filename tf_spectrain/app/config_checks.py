@@ -18,7 +18,7 @@ from tf_spectrain.workflow import input_checks
 MAX_DEVICES = 64
 MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
-SWITCHES = ("download", "graph", "histograms", "resume", "plan")
+SWITCHES = ("download", "graph", "histograms", "trace", "resume", "plan")
 
 
 def flag(field):
@@ -217,6 +217,9 @@ def _check_plan_flags(p, c):
             p.add("--memory-limit steers the planned cuts (--cuts auto); to check given "
                   "cuts against it, add --plan. Received: --memory-limit "
                   f"{c.memory_limit} with --cuts {_cuts_text(c.cuts)}")
+    if c.trace is True and c.mode not in modes.PIPELINE_MODES:
+        p.add(f"--trace draws the stages of a pipeline (a mode among "
+              f"{list(modes.PIPELINE_MODES)}). Received: --trace with --mode {c.mode}")
     if c.plan is True and c.cluster is not None:
         p.add("--plan prices the stages on this machine's devices; it cannot go with "
               f"--cluster. Received: --plan with --cluster {c.cluster}; use --gpus N")

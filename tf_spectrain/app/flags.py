@@ -203,6 +203,13 @@ def _add_logging(add):
     )
     add("graph", action="store_true", help="also write the model graph to TensorBoard")
     add("histograms", action="store_true", help="also write weight histograms every epoch")
+    add(
+        "trace",
+        action="store_true",
+        help="pipelines: write each epoch's passes, stage by stage, as a trace "
+        "(<logdir>/trace/trace_epoch_<e>.json; open it in https://ui.perfetto.dev); the "
+        "pipeline then runs pass by pass (windows have no per-pass times)",
+    )
 
 
 def _add_checkpoints(add):

@@ -14,7 +14,7 @@ import keras
 from tf_spectrain import data
 from tf_spectrain.app import preparation
 from tf_spectrain.app.run_callbacks import RunProgress, StopOnNonFinite
-from tf_spectrain.callbacks import Telemetry
+from tf_spectrain.callbacks import PipelineTrace, Telemetry
 from tf_spectrain.pipeline_model import PipelineModel
 
 
@@ -34,7 +34,7 @@ def request_stop(run):
 
 
 def _callbacks(run, progress, telemetry):
-    """The run's Keras callbacks: progress, telemetry, TensorBoard, NaN stop, checkpoints."""
+    """The run's Keras callbacks: progress, telemetry, TensorBoard, trace, NaN stop, checkpoints."""
     config = run.config
     callbacks = [progress, telemetry]
     if config.graph or config.histograms:
@@ -45,6 +45,8 @@ def _callbacks(run, progress, telemetry):
                 histogram_freq=1 if config.histograms else 0,
             )
         )
+    if config.trace:
+        callbacks.append(PipelineTrace(os.path.join(config.logdir, "trace")))
     if not isinstance(run.trainer, PipelineModel):
         callbacks.append(StopOnNonFinite())
     if run.checkpoint is not None:
