@@ -291,3 +291,19 @@ def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
     assert code == 1
     assert "Could not write the checkpoint of epoch 1, mini-batch 0" in out.err
     assert "No space left on device" in out.err and "Traceback" not in out.err
+
+
+def test_resume_on_another_number_of_devices_says_what_the_checkpoint_holds(tmp_path, capsys):
+    logdir = str(tmp_path / "run")
+    assert run_cli(CUT + ["--epochs", "1", "--logdir", logdir], capsys)[0] == 0
+    resumed = ["--model", "mlp", "--gpus", "4", "--limit", "64", "--batch-size", "16",
+               "--epochs", "2", "--logdir", logdir, "--resume"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(resumed)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds a pipeline of 2 stages (cut after dense1)" in err
+    assert "devices for 4 stages (4 devices)" in err and "run with --gpus 2" in err
+    names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(
+        os.path.join(logdir, "checkpoints"))]
+    assert names and names[-1].startswith("ckpt-e0001")  # nothing lost, nothing added

@@ -78,6 +78,24 @@ def _restore(run):
         checkpoint.apply_learning_rate(run.trainer, config.lr)
 
 
+def _check_saved_stages(saved, num_devices, config):
+    """Refuses to resume a checkpoint of N stages on devices for another number of stages."""
+    stages = num_devices // config.replicas
+    if len(saved) + 1 == stages:
+        return
+    replicas = f" in each of {config.replicas} replicas" if config.replicas > 1 else ""
+    needed = (len(saved) + 1) * config.replicas
+    how = (f"{needed} devices (workers x --gpus-per-host)" if config.cluster is not None
+           else f"--gpus {needed}")
+    raise ValueError(
+        f"--resume: the newest checkpoint in {config.checkpoint_dir} holds a pipeline of "
+        f"{len(saved) + 1} stages (cut after {', '.join(saved)}), and this run has devices "
+        f"for {stages} stages{replicas} ({num_devices} devices). A checkpoint resumes on "
+        f"the number of stages it was saved with: run with {how}, or start a new run in "
+        f"another --logdir; resuming on another number of stages is not supported yet."
+    )
+
+
 def prepare(config):
     """Sets up devices, data and the compiled model or pipeline described by `config`.
 
@@ -134,6 +152,7 @@ def prepare(config):
     if config.resume and cuts == "auto" and config.checkpoint_dir is not None:
         saved = checkpoint.saved_cuts(config.checkpoint_dir)
         if saved is not None and config.mode in modes.PIPELINE_MODES:
+            _check_saved_stages(saved, len(device_names), config)
             cuts = saved
             print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
     trainer = trainers.build_trainer(
