@@ -1,5 +1,6 @@
 """`train.py --plan` and `costmodel.plan_pipeline`: the plan, time and memory, no training."""
 
+import dataclasses
 import os
 import re
 
@@ -156,11 +157,25 @@ def test_plan_pipeline_gives_stage_terms_numbers(small_cnn, options):
     assert run.cuts == cuts and run.fits and run.memory_limit == (2**30,) * 3
 
 
+def _slow_after(profile, end):
+    """`profile` with fixed times: fast layers up to index `end`, slow ones after it."""
+    layers = [dataclasses.replace(layer, forward_time=1e-4 if i <= end else 1e-2,
+                                  backward_time=2e-4 if i <= end else 2e-2)
+              for i, layer in enumerate(profile.layers)]
+    return costmodel.ModelProfile(layers, profile.batch_size, profile.name,
+                                  profile.input_bytes)
+
+
 def test_plan_pipeline_auto_plans_the_fastest_cuts_that_fit(small_cnn):
-    model, profile = small_cnn
+    model, measured = small_cnn
     devices_ = ["/CPU:0", "/CPU:1"]
+    last = len(measured) - 1
+    sizes = costmodel.StageTerms(measured, 16, 2)
+    least = min(range(last), key=lambda e: max(sizes.memory_bytes(0, e, 0),
+                                               sizes.memory_bytes(e + 1, last, 1)))
+    # Fixed times (measured ones vary): the cut that needs least memory is not the fastest.
+    profile = _slow_after(measured, least)
     terms = costmodel.StageTerms(profile, 16, 2)
-    last = len(profile) - 1
     # Every one-cut plan, brute force: (slowest stage, its cut, its largest stage memory).
     every = [(max(terms.seconds(0, e, 0), terms.seconds(e + 1, last, 1)), e,
               max(terms.memory_bytes(0, e, 0), terms.memory_bytes(e + 1, last, 1)))
@@ -168,6 +183,7 @@ def test_plan_pipeline_auto_plans_the_fastest_cuts_that_fit(small_cnn):
     fastest = min(every)
     limit = fastest[2] - 1  # the fastest plan does not fit
     fitting = [t for t in every if t[2] <= limit]
+    assert fitting and fastest[1] != least  # the premise of the test
     run = costmodel.plan_pipeline(model, devices_, 16, memory_limit=limit, profile=profile)
     assert run.fits and run.cuts == [profile.names[min(fitting)[1]]]
     assert run.cuts != [profile.names[fastest[1]]]
