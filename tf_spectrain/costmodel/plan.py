@@ -148,5 +148,13 @@ class PartitionPlan:
         return "\n".join(line.rstrip() for line in lines)
 
 
+def size(num_bytes):
+    """Bytes in the largest binary unit that keeps the number >= 1, e.g. '10.0 MiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes:.0f} bytes"
+
+
 def _mib(num_bytes):
     return f"{num_bytes / 2**20:.2f}"

@@ -24,7 +24,7 @@ stages:
 import math
 
 from tf_spectrain import checks
-from tf_spectrain.costmodel.plan import PartitionPlan
+from tf_spectrain.costmodel.plan import PartitionPlan, size
 from tf_spectrain.costmodel.predict import check_arguments, check_recompute_flag
 from tf_spectrain.costmodel.stage_terms import StageTerms
 
@@ -326,8 +326,8 @@ def _memory_message(terms, ends, limits):
     needs = []
     for k in range(terms.num_stages):
         need = terms.estimate(bounds[k] + 1, bounds[k + 1], k).memory_bytes
-        limit = "no limit" if limits[k] is None else f"limit {_size(limits[k])}"
-        needs.append(f"stage {k}: {_size(need)} ({limit})")
+        limit = "no limit" if limits[k] is None else f"limit {size(limits[k])}"
+        needs.append(f"stage {k}: {size(need)} ({limit})")
     return (
         f"No cuts of model '{terms.profiles[0].name}' into {terms.num_stages} stages fit "
         f"`memory_limit` in mode '{terms.mode}' at batch size {terms.batch_size}. The plan "
@@ -346,11 +346,3 @@ def _memory_hints(terms):
     if terms.recompute == "auto":
         hints.append("recompute='always' (stages keep only their inputs)")
     return hints
-
-
-def _size(num_bytes):
-    """Bytes in the largest binary unit that keeps the number >= 1, e.g. '10.0 MiB'."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.1f} {unit}"
-    return f"{num_bytes:.0f} bytes"

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import re
 
-from tf_spectrain.costmodel.plan import PartitionPlan
+from tf_spectrain.costmodel.plan import PartitionPlan, size
 
 UNITS = {
     "B": 1,
@@ -206,14 +206,6 @@ def memory_hints(plan, flags=False):
     hints.append(name("cuts='auto' with memory_limit= (cuts that fit)",
                       "--cuts auto --memory-limit SIZE (cuts that fit)"))
     return hints
-
-
-def size(num_bytes):
-    """Bytes in the largest binary unit that keeps the number >= 1, e.g. '10.0 MiB'."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.1f} {unit}"
-    return f"{num_bytes:.0f} bytes"
 
 
 def _mib(num_bytes):
