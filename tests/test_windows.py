@@ -257,6 +257,11 @@ def test_window_size_auto_follows_the_callbacks(tmp_path):
     epochs = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
     assert loop.window_size("auto", [epochs]) == loop.AUTO_WINDOW
     assert loop.window_size(4, [Calls()]) == 4  # asked for: per window, as Keras does
+    traced = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace")
+    assert loop.window_size("auto", keras_own + [traced]) == 1  # it needs per-pass times
+    untimed = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace", pass_by_pass=False)
+    assert loop.window_size("auto", [untimed]) == loop.AUTO_WINDOW
+    assert loop.window_size(4, [traced]) == 4
 
 
 @pytest.mark.parametrize("value, error", [(0, ValueError), ("eight", ValueError),

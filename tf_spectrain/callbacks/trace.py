@@ -83,6 +83,8 @@ class PipelineTrace(keras.callbacks.Callback):
         self.batches = _check_batches(batches)
         checks.check_bool("pass_by_pass", pass_by_pass)
         self.pass_by_pass = pass_by_pass
+        # Read by `fit` (`runtime.loop.window_size`): under "auto", run pass by pass.
+        self.needs_pass_times = pass_by_pass
         self.state = None
         self.paths, self.stage_stats = [], []
         self.last_trace = None
@@ -97,10 +99,6 @@ class PipelineTrace(keras.callbacks.Callback):
             pipeline: the `PipelineModel` being fitted.
         """
         self.state = pipeline.state
-        if self.pass_by_pass:
-            # `fit` runs pass by pass under steps_per_execution="auto" when a callback has
-            # per-batch hooks of its own instance (`runtime.loop.window_size`).
-            self.on_train_batch_begin = self.on_train_batch_begin
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._window_start = None

@@ -66,11 +66,14 @@ def window_size(setting, callbacks):
     Returns:
         The int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own
         has per-batch hooks (then 1: each mini-batch its own call, so those hooks see
-        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`).
+        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`),
+        or a callback asks for each pass's times (`needs_pass_times = True`, as
+        `callbacks.PipelineTrace` does; windows have none): then 1 too.
     """
     if setting != AUTO:
         return int(setting)
-    if any(_per_batch(c) for c in callbacks or ()):
+    if any(_per_batch(c) or getattr(c, "needs_pass_times", False) is True
+           for c in callbacks or ()):
         return 1
     return AUTO_WINDOW
 
