@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tf_spectrain.cluster import health, spec, watchdog
-from tf_spectrain.runtime import executor
+from tf_spectrain.runtime import executor, stall
 from tf_spectrain.schedule import op_lists
 
 pytestmark = pytest.mark.exclusive  # its deadlines are fractions of a second
@@ -207,7 +207,7 @@ def test_a_stage_blocked_on_a_hung_worker_does_not_hang_the_epoch(fake_cluster):
     finally:
         frozen.set()
     # deadline 0.5 s, then at most LOST_JOIN_SECONDS for the threads
-    assert elapsed < 0.5 + 0.1 + executor.LOST_JOIN_SECONDS + 1.0
+    assert elapsed < 0.5 + 0.1 + stall.LEAVE_AFTER_SECONDS + 1.0
     assert left == ["stage-1"]  # stage 0 ended; stage 1 is left behind, a daemon
     assert batches == []
     for t in stage_threads():

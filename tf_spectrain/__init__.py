@@ -24,12 +24,13 @@ from tf_spectrain import (
 from tf_spectrain._version import __version__
 from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.devices import setup_devices
-from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel
+from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineModel, PipelineStalledError
 from tf_spectrain.prediction import SpecTrain, SpecTrainSGD
 
 __all__ = [
     "NonFiniteLossError",
     "PipelineModel",
+    "PipelineStalledError",
     "SpecTrain",
     "SpecTrainSGD",
     "callbacks",

@@ -23,12 +23,14 @@ from tf_spectrain.front.model_api import ModelAPI
 from tf_spectrain.front.placement import StagePlacement
 from tf_spectrain.partition import autocuts, user_models
 from tf_spectrain.partition.cuts import AUTO
+from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.bookkeeping import NonFiniteLossError
+from tf_spectrain.runtime.stall import PipelineStalledError
 from tf_spectrain.runtime.state import PipelineState, Progress
 from tf_spectrain.schedule.options import PipelineOptions
 from tf_spectrain.workflow import deferred_build
 
-__all__ = ["NonFiniteLossError", "PipelineModel"]
+__all__ = ["NonFiniteLossError", "PipelineModel", "PipelineStalledError"]
 
 
 def _progress_field(name, doc):
@@ -118,6 +120,13 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
             the plan needing least memory needs when none fits.
         link_bandwidth: with `cuts="auto"`, bytes/s between neighbouring devices; None
             measures it between GPUs and takes CPU devices' hand-offs as free.
+        stall_timeout: seconds (default 60) in which some stage must finish a pass during
+            `fit`, `evaluate` and `predict` (the clock stops while callbacks run and while
+            a pass is traced); otherwise the call stops with a `PipelineStalledError`
+            listing each stage's device, the instruction it is on and what it waits for
+            (which mini-batch from which neighbour, or the data). None never stops. A
+            thread stuck inside an op cannot be stopped (TensorFlow cannot cancel a running
+            op): it is left behind, and these stages refuse to run until it returns.
 
     Attributes:
         options: the `schedule.options.PipelineOptions` of `mode`, `spectrain_target`,
@@ -162,10 +171,12 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
         profile_batch_size=32,
         memory_limit=None,
         link_bandwidth=None,
+        stall_timeout=stall.DEFAULT_TIMEOUT,
     ):
         model, cuts = user_models.accept(model, cuts, num_stages)  # a list: stages by hand
         self.options = PipelineOptions(mode, spectrain_target, micro_batches, schedule,
                                        recompute, replicas)
+        self.stall_timeout = stall_timeout
         self.model = model
         self.partition_plan = None
         self.planned_cuts = isinstance(cuts, str) and cuts == AUTO
@@ -195,6 +206,15 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
     schedule = _option("schedule")
     recompute = _option("recompute")
     replicas = _option("replicas")
+
+    @property
+    def stall_timeout(self):
+        """Seconds in which some stage must finish a pass, or None (see the constructor)."""
+        return self._stall_timeout
+
+    @stall_timeout.setter
+    def stall_timeout(self, value):
+        self._stall_timeout = stall.check_timeout(value)
 
     # --- state ----------------------------------------------------------------------------
 

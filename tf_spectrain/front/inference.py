@@ -25,8 +25,8 @@ __all__ = ["Inference"]
 class Inference:
     """`evaluate` and `predict` (and `fit`'s validation, `_evaluate_logs`).
 
-    Reads the pipeline's `model`, `stages`, `devices`, `plans`, and after `compile` its
-    `runners`, `loss` and `metrics`.
+    Reads the pipeline's `model`, `stages`, `devices`, `plans`, `stall_timeout`, and after
+    `compile` its `runners`, `loss` and `metrics`.
     """
 
     def _forward_runners(self):
@@ -44,7 +44,8 @@ class Inference:
         if self._evaluator is None:
             self._evaluator = runtime_inference.Evaluator(self.runners, self.model, self.loss,
                                                   self.metrics)
-        return self._evaluator(data, batch_size, names, steps=steps, callbacks=callbacks)
+        return self._evaluator(data, batch_size, names, steps=steps, callbacks=callbacks,
+                               stall_timeout=self.stall_timeout)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False):
@@ -139,6 +140,7 @@ class Inference:
         hooks.on_predict_begin()
         outputs = runtime_inference.collect_outputs(runners, ds, is_dataset,
                                             structure=output_structure(self.model),
-                                            callbacks=hooks)
+                                            callbacks=hooks,
+                                            stall_timeout=self.stall_timeout)
         hooks.on_predict_end()
         return outputs

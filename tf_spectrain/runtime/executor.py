@@ -6,12 +6,12 @@ what each stage thread does with its ops is `runtime.stage_threads`.
 """
 
 import threading
-import time
 
 import tensorflow as tf
 
 from tf_spectrain import schedule
 from tf_spectrain.cluster import watchdog as watchdog_lib
+from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import Feed
 from tf_spectrain.runtime.handoff import Board, FailureBox, PipelineAborted, watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
@@ -19,9 +19,6 @@ from tf_spectrain.runtime.stage_threads import STOP, StageThreads
 
 __all__ = ["EpochRun"]
 
-# Once a worker is declared lost, how long to wait for the stage threads to end: a thread
-# blocked in a remote op on that worker never returns, and is left behind (a daemon).
-LOST_JOIN_SECONDS = 1.0
 _JOIN_SLICE = 0.05
 
 
@@ -59,6 +56,8 @@ class EpochRun:
             `runtime.feed.Feed`), with its own hand-offs; before each update, stage k's
             copies wait for each other and sum their gradients. `on_batch` then gets the
             parts of every replica, replica 0's first.
+        stall_timeout: seconds without a finished pass (on any stage) before the epoch
+            stops with a `runtime.stall.PipelineStalledError`; None never stops.
 
     Mini-batch i's update on every stage uses the learning rate the caller's `on_begin(i)`
     returned (see `run`), so a callback that changes it at a batch's begin reaches every
@@ -67,7 +66,7 @@ class EpochRun:
 
     def __init__(
         self, runners, op_lists, batches, micro_batches, keep, label=None, clip_globally=False,
-        replicas=None,
+        replicas=None, stall_timeout=stall.DEFAULT_TIMEOUT,
     ):
         self.grid = [list(runners)] if replicas is None else [list(r) for r in replicas]
         self.runners = self.grid[0]
@@ -77,7 +76,9 @@ class EpochRun:
         self.stages = StageThreads(self.grid, op_lists, self.feed, keep, self.failure, label,
                                    clip_globally, shares_scale(self.runners))
         self.label = label
+        self.stall_timeout = stall_timeout
         self._watchdog = None  # the workers' watchdog while `run` runs, with remote stages
+        self._stall = None  # the StallWatch while `run` runs
 
     @property
     def fed(self):
@@ -110,12 +111,16 @@ class EpochRun:
         Any exception in any thread (or in `on_batch`) aborts the whole pipeline at once:
         blocked hand-offs wake up and stop, and the stages forget their in-flight state.
 
-        When stages are on workers of a connected cluster, a watchdog
-        (`tf_spectrain.cluster.watchdog`) checks those workers while the epoch runs; one
-        that stops answering aborts the epoch with a `WorkerLostError`. The stage threads
-        are then waited for at most `LOST_JOIN_SECONDS`: a thread blocked in a remote op on
-        the lost worker never returns and is left behind (it is a daemon thread). In every
-        other case every thread is joined.
+        When no stage finishes a pass for `stall_timeout` seconds (the clock stops while
+        this thread runs `on_batch` and `on_begin`), a `runtime.stall.StallWatch` aborts
+        the epoch with a `PipelineStalledError` that says where every stage is. When stages
+        are on workers of a connected cluster, a watchdog (`tf_spectrain.cluster.watchdog`)
+        checks those workers while the epoch runs; one that stops answering aborts the
+        epoch with a `WorkerLostError`. In both cases the stage threads are then waited for
+        at most `stall.LEAVE_AFTER_SECONDS` each: a thread inside an op that never returns
+        is left behind (a daemon thread; after a stall, the next run of these stages
+        refuses to start until it has returned). In every other case every thread is
+        joined.
 
         Args:
             on_batch: called with mini-batch `i` and `parts`, a list of
@@ -129,7 +134,13 @@ class EpochRun:
             ValueError: from stage 0, if `batches` runs out before the epoch's mini-batches.
             tf_spectrain.cluster.watchdog.WorkerLostError: if a worker holding stages
                 stopped answering.
+            PipelineStalledError: if no stage finished a pass for `stall_timeout`, or a
+                thread of an earlier stalled run of these stages is still inside a pass.
         """
+        runners = [runner for runners in self.grid for runner in runners]
+        if stall.refuse_if_left_behind(runners):
+            for runner in runners:
+                runner.reset()  # what a thread left behind wrote on its way out
         replicated = len(self.grid) > 1
         threads = [
             threading.Thread(target=self.stages.main, args=(r, k), daemon=True,
@@ -145,8 +156,12 @@ class EpochRun:
             num_stages=len(self.runners) if replicated else None,
         )
         self.stages.remote = watchdog is not None
+        self._stall = stall.StallWatch(self.stages.progress, self.stall_timeout,
+                                       lambda error: self.failure.record(error, None),
+                                       label=self.label)
         try:
-            self._run_threads(threads, on_batch, on_begin)
+            with self._stall:
+                self._run_threads(threads, on_batch, on_begin)
         finally:
             if watchdog is not None:
                 watchdog.stop()
@@ -157,9 +172,11 @@ class EpochRun:
         self._raise_if_failed()
 
     def _run_threads(self, threads, on_batch, on_begin):
+        paused = self.stages.progress.paused  # the caller's work stops the stall clock
         try:
             if on_begin is not None:
-                self._begin(0, on_begin)
+                with paused():
+                    self._begin(0, on_begin)
         except BaseException as error:
             self.failure.record(error, "the training loop (callbacks)")
             self._raise_if_failed()
@@ -170,13 +187,24 @@ class EpochRun:
                 parts = self._results()
                 if parts is None:
                     break
-                on_batch(i, parts)
-                if on_begin is not None and i + 1 < self.num_batches:
-                    self._begin(i + 1, on_begin)
+                with paused():
+                    on_batch(i, parts)
+                    if on_begin is not None and i + 1 < self.num_batches:
+                        self._begin(i + 1, on_begin)
         except BaseException as error:  # anything: the caller re-raises it
             self.failure.record(error, "the training loop (callbacks)")
         finally:
-            _join(threads, self._watchdog)
+            self._join(threads)
+
+    def _join(self, threads):
+        """Joins the stage threads; after a stall or a lost worker, each only for a while."""
+        watchdog, watch = self._watchdog, self._stall
+        # `threads` are in the order of `where`'s records: replica 0's stages first.
+        pairs = list(zip(threads, [w for row in self.stages.where for w in row], strict=True))
+        left = stall.join_or_leave(pairs, lambda: watch.error is not None or (
+            watchdog is not None and watchdog.lost.is_set()))
+        if left and watch.error is not None:
+            stall.leave_behind(left, [runner for runners in self.grid for runner in runners])
 
     def _results(self):
         """The next mini-batch's parts from every replica's last stage; None once stopped."""
@@ -225,20 +253,3 @@ class EpochRun:
             return None
 
         return watched_call(fn, abandon, "tf_spectrain-wait", _JOIN_SLICE)
-
-
-def _join(threads, watchdog):
-    """Joins the stage threads; once `watchdog` has declared a worker lost, only for a while."""
-    if watchdog is None:
-        for t in threads:
-            t.join()
-        return
-    until = None
-    for t in threads:
-        while t.is_alive():
-            if until is None and watchdog.lost.is_set():
-                until = time.monotonic() + LOST_JOIN_SECONDS
-            if until is not None and time.monotonic() >= until:
-                return  # the rest are blocked on the lost worker: left behind
-            t.join(_JOIN_SLICE)
-

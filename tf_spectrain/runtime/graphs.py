@@ -4,6 +4,8 @@ import functools
 
 import tensorflow as tf
 
+from tf_spectrain.runtime import stall
+
 
 def as_list(x):
     """A new list of `x`'s items (a list or tuple), else `[x]`."""
@@ -35,17 +37,24 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None):
         name: the name TensorFlow gives the traced function (and shows in errors from
             inside it), or None for the method's own.
 
+    Without autograph, a trace of the function stops the stall clock of the run whose
+    thread traces it (`runtime.stall.tracing`): tracing a large stage is no hang.
+
     Returns:
         The `tf.function`.
     """
-    if name is not None:
+    if name is not None or not autograph:
         original = method
 
         @functools.wraps(original)
         def named(*args, **kwargs):
-            return original(*args, **kwargs)
+            if autograph:  # autograph would convert the context manager too
+                return original(*args, **kwargs)
+            with stall.tracing():  # this Python runs only while tracing
+                return original(*args, **kwargs)
 
-        named.__name__ = named.__qualname__ = name
+        if name is not None:
+            named.__name__ = named.__qualname__ = name
         method = named
     function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph)
     if hasattr(function, "_omit_frequent_tracing_warning"):

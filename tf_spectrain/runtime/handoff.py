@@ -147,7 +147,7 @@ class Board:
             return list(values)
 
 
-def watched_call(fn, abandon, name, slice_seconds=0.05):
+def watched_call(fn, abandon, name, slice_seconds=0.05, left=None):
     """Runs `fn()` in a daemon thread; the caller waits, and gives up when `abandon()` says.
 
     A read or a graph call on a worker that hangs blocks its thread for ever; run there,
@@ -159,6 +159,7 @@ def watched_call(fn, abandon, name, slice_seconds=0.05):
             the exception to raise instead.
         name: the helper thread's name.
         slice_seconds: how often to ask `abandon`.
+        left: None, or a list to which the helper thread is appended when given up on.
 
     Returns:
         What `fn` returned.
@@ -175,10 +176,13 @@ def watched_call(fn, abandon, name, slice_seconds=0.05):
             box["error"] = error
         done.set()
 
-    threading.Thread(target=call, name=name, daemon=True).start()
+    helper = threading.Thread(target=call, name=name, daemon=True)
+    helper.start()
     while not done.wait(slice_seconds):
         error = abandon()
         if error is not None:
+            if left is not None:
+                left.append(helper)
             raise error
     if "error" in box:
         raise box["error"]

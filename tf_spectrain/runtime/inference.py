@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_spectrain import checks
 from tf_spectrain.partition.keras_nodes import one_or_list
-from tf_spectrain.runtime import forward_pipeline
+from tf_spectrain.runtime import forward_pipeline, stall
 from tf_spectrain.runtime.bookkeeping import BatchLogs, fresh_metrics
 from tf_spectrain.runtime.graphs import as_list, graph_function
 from tf_spectrain.workflow import (
@@ -79,7 +79,7 @@ class Evaluator:
         self._update(result.extra, result.outputs, result.penalties)
 
     def __call__(self, data, batch_size, names=None, pipelined=True, steps=None,
-                 callbacks=None):
+                 callbacks=None, stall_timeout=stall.DEFAULT_TIMEOUT):
         """Computes the loss and metrics on `data`: `(x, y)` arrays or a dataset of batches.
 
         The loss includes the stages' layer losses, as in training.
@@ -95,6 +95,7 @@ class Evaluator:
             steps: None for every batch, else only the first `steps` batches.
             callbacks: None, or a `keras.callbacks.CallbackList` whose test-batch hooks
                 run as each batch's results arrive (with the running logs).
+            stall_timeout: see `forward_pipeline.run_forward`.
 
         Returns:
             A dict `{"loss": ..., <metric>: ...}` of floats.
@@ -115,7 +116,7 @@ class Evaluator:
                 self.logs = BatchLogs(fresh_metrics(self.compiled_metrics))
         self.logs.reset()
         consume = self._consume if callbacks is None else self._with_hooks(callbacks)
-        _run(self.runners, ds, _labelled, consume, pipelined)
+        _run(self.runners, ds, _labelled, consume, pipelined, stall_timeout)
         return self.logs.result()
 
     def _with_hooks(self, callbacks):
@@ -137,10 +138,11 @@ def _labelled(element):
     return as_list(x), y
 
 
-def _run(runners, ds, split, consume, pipelined):
+def _run(runners, ds, split, consume, pipelined, stall_timeout=stall.DEFAULT_TIMEOUT):
     """Runs `ds` through the stages, as a pipeline or one stage after another."""
-    if pipelined and len(runners) > 1:
-        return forward_pipeline.run_forward(runners, ds, split, consume)
+    if pipelined:  # one stage too: its thread is watched
+        return forward_pipeline.run_forward(runners, ds, split, consume,
+                                            stall_timeout=stall_timeout)
     return forward_pipeline.run_in_order(runners, ds, split, consume)
 
 
@@ -205,7 +207,8 @@ def _predict_inputs(is_dataset):
     return split
 
 
-def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None, callbacks=None):
+def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None, callbacks=None,
+                    stall_timeout=stall.DEFAULT_TIMEOUT):
     """Runs `ds` through the stages in inference mode, as a forward-only pipeline.
 
     Each batch's outputs are read back once, in the caller's thread, while the stages
@@ -221,6 +224,7 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None, cal
             for a list.
         callbacks: None, or a `keras.callbacks.CallbackList` whose predict-batch hooks run
             as each batch's outputs arrive (`logs={"outputs": ...}`, as Keras gives them).
+        stall_timeout: see `forward_pipeline.run_forward`.
 
     Returns:
         The outputs of all batches concatenated along the batch axis: one NumPy array for
@@ -239,7 +243,7 @@ def collect_outputs(runners, ds, is_dataset, pipelined=True, structure=None, cal
             callbacks.on_predict_batch_end(len(outputs) - 1,
                                            {"outputs": one_or_list(outputs[-1])})
 
-    _run(runners, ds, _predict_inputs(is_dataset), keep, pipelined)
+    _run(runners, ds, _predict_inputs(is_dataset), keep, pipelined, stall_timeout)
     if not outputs:
         raise ValueError("`x` is empty: the dataset yielded no batch.")
     joined = [np.concatenate(parts, axis=0) for parts in zip(*outputs)]

@@ -236,6 +236,7 @@ class FitLoop:
                 pipe.runners, lists, batches, options.micro_batches, rules, label=label,
                 clip_globally=any(r.global_clipnorm for r in pipe.runners),
                 replicas=pipe.replica_runners if options.replicas > 1 else None,
+                stall_timeout=pipe.stall_timeout,
             )
 
             def hook(i, parts):
@@ -283,7 +284,8 @@ class FitLoop:
             lambda t: options.op_lists(pipe.num_stages, t),
             self.num_batches, self.window, report_stage,
         )
-        run = WindowedEpoch(pipe.window_functions(self.logs), windows, batches, rules, label)
+        run = WindowedEpoch(pipe.window_functions(self.logs), windows, batches, rules, label,
+                            stall_timeout=pipe.stall_timeout)
 
         def on_window(window, losses):
             self.logs.record_window(epoch, window.reported, losses, run.sizes, self.on_nan)

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf_spectrain import schedule
 from tf_spectrain.runtime.handoff import Board, Channel, PipelineAborted
+from tf_spectrain.runtime.stall import Progress
 
 __all__ = ["STOP", "Lane", "StageThreads", "to_host"]
 
@@ -81,6 +82,8 @@ class StageThreads:
         remote: True when stages run on workers: the last stage then hands the caller
             local copies of its results (`to_host`).
         fed: the number of mini-batches fed, once the feed stopped early; else None.
+        progress: the epoch's `runtime.stall.Progress`: every finished pass beats it.
+        where: R lists of N `runtime.stall.Where` records, what each thread is on.
     """
 
     def __init__(self, grid, op_lists, feed, keep, failure, label=None, clip_globally=False,
@@ -99,24 +102,37 @@ class StageThreads:
         self.rates = None
         self.remote = False
         self.fed = None
+        self.progress = Progress()
+        copy = [f" of replica {r}" if num_replicas > 1 else "" for r in range(num_replicas)]
+        self.where = [[self.progress.record(f"stage {k}{copy[r]} on {runner.device}")
+                       for k, runner in enumerate(runners)]
+                      for r, runners in enumerate(grid)]
 
     def main(self, r, k):
         """The thread of stage k of replica r: its whole op list; a failure is recorded."""
+        self.progress.attach()  # a trace in this thread stops the stall clock
         try:
             self._walk(r, k)
         except BaseException as error:  # anything, even KeyboardInterrupt: re-raised in the caller
             self.failure.record(error, None)  # _walk's note says where
+        finally:
+            self.progress.detach()
 
     def _walk(self, r, k):
         """Runs stage k's ops in order, skipping those of mini-batches never fed."""
         stop_at = None
-        for op in self.op_lists[k]:
+        ops, where = self.op_lists[k], self.where[r][k]
+        for position, op in enumerate(ops):
             if self.failure.abort.is_set():
                 raise PipelineAborted("aborted")
             if stop_at is not None and op.batch >= stop_at:
                 continue
+            where.at(f"op {position + 1} of {len(ops)}, the {op.kind} of "
+                     + (f"mini-batch {op.batch}" if op.kind == schedule.UPDATE
+                        else f"micro-batch {op.batch}.{op.micro}"))
             try:
                 stopped = self._run_op(r, k, op)
+                self.progress.beat()
             except PipelineAborted:
                 raise
             except BaseException as error:
@@ -130,6 +146,14 @@ class StageThreads:
                 raise
             if stopped is not None:
                 stop_at = stopped
+
+    def _await(self, r, k, what, fetch):
+        """`fetch()`, with stage k of replica r's record saying it waits for `what`."""
+        where = self.where[r][k]
+        where.waits(what)
+        value = fetch()
+        where.runs()
+        return value
 
     def _stop_here(self, lane, k, i):
         """Passes the stop marker on from stage k: mini-batch i and later are not fed."""
@@ -149,7 +173,9 @@ class StageThreads:
         if op.kind == schedule.BACKWARD:
             lane = self.lanes[r]
             last = k == len(self.grid[0]) - 1
-            grads_out = None if last else lane.gradients[k].get()
+            grads_out = None if last else self._await(
+                r, k, f"the gradient of micro-batch {op.batch}.{op.micro} from stage {k + 1}",
+                lane.gradients[k].get)
             grads_in = self.grid[r][k].backward((op.batch, op.micro), grads_out)
             if k > 0:
                 lane.gradients[k - 1].put(grads_in)
@@ -166,18 +192,22 @@ class StageThreads:
             if op.micro == 0 and op.batch > 0 and not self.feed.feeds(op.batch):
                 self._stop_here(lane, k, op.batch)
                 return op.batch
-            x, y, share = self.feed.part(r, op.batch, op.micro)
+            x, y, share = self._await(r, k, f"mini-batch {op.batch} from the data",
+                                      lambda: self.feed.part(r, op.batch, op.micro))
             if not last:
                 lane.labels.put((y, share))
         else:
-            handed = lane.activations[k - 1].get()
+            handed = self._await(
+                r, k, f"the activations of micro-batch {key[0]}.{key[1]} from stage {k - 1}",
+                lane.activations[k - 1].get)
             if isinstance(handed, str) and handed == STOP:
                 self._stop_here(lane, k, op.batch)
                 return op.batch
             x, share = handed
         if last:
             if k > 0:
-                y, share = lane.labels.get()
+                y, share = self._await(r, k, f"the labels of micro-batch {key[0]}.{key[1]} "
+                                       "from stage 0", lane.labels.get)
             loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
             if self.remote:
                 loss, logits = to_host((loss, logits))
@@ -197,17 +227,25 @@ class StageThreads:
     def _update(self, r, k, i):
         """Mini-batch i's update on stage k of replica r, once the stages it waits for agree."""
         runner, lane = self.grid[r][k], self.lanes[r]
-        rate = None if self.rates is None else self.rates.wait(i)[0]
+        rate = None if self.rates is None else self._await(
+            r, k, f"mini-batch {i}'s learning rate from the training loop",
+            lambda: self.rates.wait(i))[0]
         if self.ready is not None:
             self.ready[k].post(i, (r, runner.pending_gradient))
-            gathered = [g for _, g in sorted(self.ready[k].wait(i), key=_first)]
+            ready = self._await(r, k, f"the other replicas' gradients of mini-batch {i}",
+                                lambda: self.ready[k].wait(i))
+            gathered = [g for _, g in sorted(ready, key=_first)]
             runner.reduce_pending(gathered)  # the sum over the replicas, in every copy
         squares = None
         if lane.norms is not None:
-            squares = _gathered(lane.norms, i, k, runner.pending_square_norm())
+            mine = runner.pending_square_norm()
+            squares = self._await(r, k, f"every stage's gradient norm of mini-batch {i}",
+                                  lambda: _gathered(lane.norms, i, k, mine))
         finite = None
         if lane.flags is not None:  # sync mode's one loss scale: all stages decide together
-            finite = _gathered(lane.flags, i, k, runner.pending_finite())
+            flag = runner.pending_finite()
+            finite = self._await(r, k, f"every stage's gradient check of mini-batch {i}",
+                                 lambda: _gathered(lane.flags, i, k, flag))
         runner.update(learning_rate=rate, squares=squares, finite=finite)
         if k == len(self.grid[0]) - 1:
             lane.results.put((i, lane.losses.pop(i)))

@@ -13,12 +13,14 @@ import threading
 import tensorflow as tf
 
 from tf_spectrain.cluster import watchdog as watchdog_lib
+from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import check_split, ran_out
 from tf_spectrain.runtime.graphs import graph_function
 from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.window_graph import WindowEmitter, failed_op
+from tf_spectrain.runtime.window_watch import WindowWatch
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 _WAIT_SLICE = 0.05
@@ -44,6 +46,11 @@ class WindowSetup:
         self.clip_globally = any(r.global_clipnorm for r in grid[0])
         self.shared_scale = shares_scale(grid[0])
         self.waits_for_all_stages = self.clip_globally or self.shared_scale
+        # Each runner's finished passes, counted by the window graphs on this host's CPU and
+        # read by the stall watch while a window runs.
+        with tf.device("/CPU:0"):
+            self.counters = [tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name=f"passes_{n}") for n in range(len(self.runners))]
 
     def index(self, r, k):
         """The position of replica r's stage k in `runners`."""
@@ -122,15 +129,23 @@ def window_keeps(window, rules, plans):
 class WindowedEpoch:
     """One epoch of a pipeline, run window by window (see the module docstring).
 
+    Each window's data reads and graph call run in a helper thread, watched: when no stage
+    finishes a pass for `stall_timeout` seconds (the graphs count each runner's passes in
+    `WindowSetup.counters`; the clock stops while the caller runs callbacks and while a
+    window is traced), the epoch stops with a `runtime.stall.PipelineStalledError` and the
+    helper thread is left behind inside the graph (TensorFlow cannot stop it).
+
     Args:
         functions: the pipeline's `WindowFunctions`.
         windows: the epoch's `schedule.windows.EpochWindows`.
         batches: an iterator of `(x, y)` mini-batches.
         rules: each stage's keep rule (`runtime.loop.keep_rules`).
         label: names the epoch in error notes, e.g. "epoch 3".
+        stall_timeout: seconds, or None never to stop.
     """
 
-    def __init__(self, functions, windows, batches, rules, label=None):
+    def __init__(self, functions, windows, batches, rules, label=None,
+                 stall_timeout=stall.DEFAULT_TIMEOUT):
         self.functions = functions
         self.setup = functions.setup
         self.windows = windows
@@ -143,6 +158,7 @@ class WindowedEpoch:
         self._rates = {}  # i -> the learning rate of mini-batch i's updates (or None)
         self._watchdog = None
         self._passes = 0  # passes reported so far (orders `runner.events`)
+        self.watch = WindowWatch(self.setup, stall_timeout, label)
 
     @property
     def fed(self):
@@ -164,22 +180,26 @@ class WindowedEpoch:
             ValueError: if the data runs out, or a mini-batch is too small to split.
             tf_spectrain.cluster.watchdog.WorkerLostError: if a worker holding stages
                 stopped answering.
+            PipelineStalledError: no stage finished a pass for `stall_timeout`, or a
+                thread of an earlier stalled run of these stages is still inside a pass.
             BaseException: whatever a window or `on_window` raised.
         """
         setup = self.setup
+        stall.refuse_if_left_behind(setup.runners)
         self._watchdog = watchdog_lib.watch(
             [runner.device for runner in setup.runners], lambda error: None, label=self.label,
             num_stages=setup.num_stages if setup.replicas > 1 else None,
         )
         try:
             carried = {}
-            while True:
-                if self.stop.is_set():  # asked before this window: feed no more
-                    self.windows.stop()
-                window = next(self.windows, None)
-                if window is None:
-                    break
-                carried = self._run_window(window, carried, on_window, on_begin)
+            with self.watch.watching(self._watchdog):
+                while True:
+                    if self.stop.is_set():  # asked before this window: feed no more
+                        self.windows.stop()
+                    window = next(self.windows, None)
+                    if window is None:
+                        break
+                    carried = self._run_window(window, carried, on_window, on_begin)
         except BaseException:
             for runner in setup.runners:
                 runner.reset()
@@ -191,11 +211,10 @@ class WindowedEpoch:
     def _run_window(self, window, carried, on_window, on_begin):
         base = window.first
         if on_begin is not None and window.stop > window.first:
-            rate = on_begin(window.first)
+            with self.watch.progress.paused():  # the caller's work stops the stall clock
+                rate = on_begin(window.first)
             for i in window.reported:
                 self._rates[i] = rate
-        xs = {str(i - base): self._feed(i) for i in window.fed}
-        ys = {str(i - base): self._labels.pop(i) for i in window.reported}
         updated = sorted({op.batch for k, op in window.program if op.kind == UPDATE})
         with_rates = on_begin is not None and any(self._rates.get(i) is not None
                                                   for i in updated)
@@ -204,8 +223,14 @@ class WindowedEpoch:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
         function, notes, traced_base = self.functions.get(window, keeps, with_rates)
+
+        def work():
+            xs = {str(i - base): self._feed(i) for i in window.fed}
+            ys = {str(i - base): self._labels.pop(i) for i in window.reported}
+            return _read(function(xs, ys, rates, carried))
+
         try:
-            outputs = self._call(lambda: _read(function(xs, ys, rates, carried)))
+            outputs = self.watch.call(window, work)
         except tf.errors.OpError as error:
             self._add_note(error, window)
             raise
@@ -213,7 +238,8 @@ class WindowedEpoch:
         for k, op in window.program:
             if k == 0 and op.kind == UPDATE:  # mini-batch i's last update
                 self._rates.pop(op.batch, None)
-        on_window(window, outputs["losses"])
+        with self.watch.progress.paused():
+            on_window(window, outputs["losses"])
         return outputs["carried"]
 
     def _add_note(self, error, window):
@@ -239,10 +265,11 @@ class WindowedEpoch:
 
     def _feed(self, i):
         """Reads mini-batch i: its inputs for this window, its labels for its report."""
-        try:
-            x, y = next(self.batches)
-        except StopIteration:
-            raise ran_out(i, self.windows.num_batches) from None
+        with self.watch.reading(i):
+            try:
+                x, y = next(self.batches)
+            except StopIteration:
+                raise ran_out(i, self.windows.num_batches) from None
         n = int(tf.nest.flatten(x)[0].shape[0])
         setup = self.setup
         check_split(n, setup.replicas * setup.micro_batches, setup.replicas,

@@ -169,6 +169,8 @@ class WindowEmitter:
                         self._backward(k, op.batch, op.micro, r)
                     else:
                         self._update(k, op.batch)
+                        continue
+                    self._count(self.setup.index(r, k))
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
         # Named from the next window's first mini-batch, which reads them.
@@ -176,6 +178,13 @@ class WindowEmitter:
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
         return {"carried": carried, "losses": losses, "flags": flags}
+
+    def _count(self, index):
+        """Counts a finished pass of runner `index` (for the stall watch), once its finite
+        flag, which reads all its outputs, is computed."""
+        counter = self.setup.counters[index]
+        with tf.device(counter.device), tf.control_dependencies([self.flags[-1][-1]]):
+            counter.assign_add(1)
 
     # --- passes ---------------------------------------------------------------------------
 

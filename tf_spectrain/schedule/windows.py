@@ -63,6 +63,38 @@ class Window:
         run the same ops on other mini-batches (so one traced graph serves them all)."""
         return tuple((k, op.kind, op.batch - self.first, op.micro) for k, op in self.program)
 
+    def stage_position(self, k, done):
+        """Where stage k is, once each stage has finished `done[s]` of its passes here.
+
+        Args:
+            k: a stage.
+            done: per stage, its forwards and backwards of this window already finished.
+
+        Returns:
+            `(doing, waiting)`: stage k's next pass, e.g. "pass 3 of 8 of the window of
+            mini-batches 4-7, the backward of micro-batch 5.0"; and what it waits for, e.g.
+            "the gradient of micro-batch 5.0 from stage 2", or None when the neighbour's
+            pass it needs is finished (or is not in this window).
+        """
+        passes = [[op for s, op in self.program if s == stage and op.kind != UPDATE]
+                  for stage in range(len(done))]
+        mine = passes[k]
+        span = f"the window of mini-batches {self.first}-{self.stop - 1}"
+        if done[k] >= len(mine):
+            return f"its {len(mine)} passes of {span} finished", None
+        op = mine[done[k]]
+        doing = (f"pass {done[k] + 1} of {len(mine)} of {span}, the {op.kind} of micro-batch "
+                 f"{op.batch}.{op.micro}")
+        source = k - 1 if op.kind == FORWARD else k + 1
+        if not 0 <= source < len(done):
+            return doing, None
+        theirs = [(o.kind, o.batch, o.micro) for o in passes[source]]
+        needed = (op.kind, op.batch, op.micro)
+        if needed not in theirs or theirs.index(needed) < done[source]:
+            return doing, None
+        what = "activations" if op.kind == FORWARD else "gradient"
+        return doing, f"the {what} of micro-batch {op.batch}.{op.micro} from stage {source}"
+
 
 def _slots(op_lists):
     """Each op's position key `(slot, stage, index)`; an update takes its backward's slot."""

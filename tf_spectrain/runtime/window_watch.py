@@ -1,0 +1,112 @@
+"""The stall watch of an epoch run in windows (`runtime.window_epoch.WindowedEpoch`).
+
+A window's graph runs many passes in one call, so no Python runs between them. The window
+graphs count each runner's finished passes in a variable on this host's CPU
+(`WindowSetup.counters`, written by `runtime.window_graph`); the `runtime.stall.StallWatch`
+reads the counters while a window runs, treats a count that moved as a finished pass, and
+describes each stage from them: the pass it is on and, when a neighbour has not finished
+the pass it needs, that it waits for it. Each window's data reads and graph call run in a
+helper thread (`handoff.watched_call`), so that the caller's thread can stop the epoch.
+"""
+
+import contextlib
+
+from tf_spectrain.runtime import stall
+from tf_spectrain.runtime.handoff import watched_call
+
+_WAIT_SLICE = 0.05
+
+
+class WindowWatch:
+    """Progress records, the stall watch and the watched calls of one windowed epoch.
+
+    Args:
+        setup: the pipeline's `runtime.window_epoch.WindowSetup`.
+        timeout: `stall_timeout` in seconds, or None.
+        label: names the epoch in the message, e.g. "epoch 3".
+
+    Attributes:
+        progress: the epoch's `runtime.stall.Progress`.
+        where: a `runtime.stall.Where` per runner, replica 0's stages first.
+    """
+
+    def __init__(self, setup, timeout, label):
+        self.setup = setup
+        self.progress = stall.Progress()
+        copy = [f" of replica {r}" if setup.replicas > 1 else "" for r in range(setup.replicas)]
+        self.where = [self.progress.record(f"stage {k}{copy[r]} on {runner.device}")
+                      for r, runners in enumerate(setup.grid) for k, runner in enumerate(runners)]
+        self._watch = stall.StallWatch(self.progress, timeout, lambda error: None,
+                                       label=label, poll=self._poll)
+        self._watchdog = None
+        self._counts = None  # the counters' values at the last poll
+        self._window = None  # (window, the counters at its start) while one runs
+
+    @contextlib.contextmanager
+    def watching(self, watchdog):
+        """The stall watch runs inside; `watchdog` (or None) is the workers' watchdog."""
+        self._watchdog = watchdog
+        try:
+            with self._watch:
+                yield
+        finally:
+            self._watchdog = None
+
+    @contextlib.contextmanager
+    def reading(self, i):
+        """Stage 0's record says it waits for mini-batch i from the data, inside."""
+        where = self.where[0]
+        where.waits(f"mini-batch {i} from the data")
+        yield
+        where.runs()
+        self.progress.beat()
+
+    def call(self, window, work):
+        """`work()` (the window's reads and graph call) in a helper thread, given up on a
+        stall (raising the `PipelineStalledError`) or a lost worker; a helper given up on
+        after a stall is left behind (`stall.leave_behind`)."""
+        watch, watchdog, progress = self._watch, self._watchdog, self.progress
+
+        def attached():
+            progress.attach()  # a trace in this thread stops the stall clock
+            try:
+                return work()
+            finally:
+                progress.detach()
+
+        def abandon():
+            if watch.error is not None:
+                return watch.error
+            if watchdog is not None and watchdog.lost.is_set():
+                return watchdog.error
+            return None
+
+        left = []
+        self._window = (window, [int(c.numpy()) for c in self.setup.counters])
+        try:
+            return watched_call(attached, abandon, "tf_spectrain-window", _WAIT_SLICE,
+                                left=left)
+        finally:
+            self._window = None
+            if left and watch.error is not None:
+                running = [w for w in self.where if w.waiting is None] or self.where
+                stall.leave_behind([(t, running[0]) for t in left], self.setup.runners)
+
+    def _poll(self):
+        """Reads the counters (from the watch's thread): whether any moved; updates `where`."""
+        counts = [int(c.numpy()) for c in self.setup.counters]
+        moved = self._counts is not None and counts != self._counts
+        self._counts = counts
+        current = self._window
+        if current is not None:
+            window, start = current
+            done = [c - s for c, s in zip(counts, start)]
+            n = self.setup.num_stages
+            for index, where in enumerate(self.where):
+                r, k = divmod(index, n)
+                doing, waiting = window.stage_position(k, done[r * n:(r + 1) * n])
+                if doing != where.doing:
+                    where.at(doing)
+                if waiting != where.waiting:
+                    where.waits(waiting) if waiting is not None else where.runs()
+        return moved
