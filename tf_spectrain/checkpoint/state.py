@@ -2,18 +2,21 @@
 
     ckpt = tf_spectrain.checkpoint.PipelineCheckpoint("ckpts", keep=3, metadata={"seed": 0})
     pipe.fit(..., callbacks=[ckpt])                       # saves at every epoch end
-    # later, in a new process, after building and compiling the same pipeline:
+    # later, in a new process, after building and compiling the same model (any cuts):
     info = tf_spectrain.checkpoint.restore_checkpoint(pipe, latest_checkpoint("ckpts"))
     pipe.fit(..., initial_epoch=info["epoch"])
 
-A checkpoint holds, for every stage, all its variables (weights, BatchNorm statistics, the
-random-generator state of dropout layers) and all its optimizer's variables (momentum,
-iteration count, learning rate) and, with dynamic loss scaling (mixed_float16), its loss
-scale and growth counter, the pipeline's `shuffle_seed` and `epochs_trained` (the
-order of shuffled arrays in the next epochs), plus a description of the run: the model's
-layers and weight shapes, the cuts, the mode, the optimizer class and whatever `metadata`
-the caller adds. A compiled `keras.Model` is checkpointed the same way, as one part.
-Restoring checks everything first and assigns nothing unless all of it fits.
+A pipeline checkpoint holds, by the wrapped model's variables and not by stage
+(`tf_spectrain.checkpoint.layout`), every variable (weights, BatchNorm statistics, the
+random-generator state of dropout layers) and every optimizer slot (momentum, Adam's
+moments, SpecTrain's last updates) of every weight, and per stage the optimizer's scalars
+(iteration count, learning rate) and, with dynamic loss scaling (mixed_float16), the loss
+scale and growth counter; the pipeline's `shuffle_seed` and `epochs_trained` (the order of
+shuffled arrays in the next epochs), plus a description of the run: the model's layers and
+weight shapes, the cuts, the mode, the optimizer class and whatever `metadata` the caller
+adds. So it restores into a pipeline of other cuts, another number of stages, other
+devices or replicas. A compiled `keras.Model` is checkpointed as one part. Restoring checks
+everything first and assigns nothing unless all of it fits.
 """
 
 import contextlib
@@ -22,16 +25,15 @@ import keras
 import numpy as np
 
 from tf_spectrain import prediction
-from tf_spectrain.checkpoint import compat, store
+from tf_spectrain.checkpoint import compat, pipeline_layout, store
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
 
-# What must match for a checkpoint to be restored (the caller's metadata keys are added).
+# What must match for a checkpoint to be restored (the caller's metadata keys are added);
+# not the cuts or the number of stages: a pipeline checkpoint is re-cut on restore.
 COMPARED = (
     "kind",
     "architecture",
-    "num_stages",
-    "cuts",
     "mode",
     "spectrain_target",
     "micro_batches",
@@ -79,17 +81,7 @@ def _check_keras_model(trainer):
 
 
 def _parts(trainer):
-    """`[(prefix, variables)]` of everything a checkpoint holds."""
-    if is_pipeline(trainer):
-        parts = []
-        pairs = zip(trainer.stages, trainer.stage_optimizers, strict=True)
-        for k, (stage, optimizer) in enumerate(pairs):
-            parts.append((f"stage{k}/variables", list(stage.variables)))
-            parts.append((f"stage{k}/optimizer", list(optimizer.variables)))
-            scale = trainer.runners[k].loss_scale
-            if scale is not None:  # a LossScaleOptimizer's own variables, per stage
-                parts.append((f"stage{k}/loss_scale", list(scale.variables)))
-        return parts
+    """`[(prefix, variables)]` of everything a checkpoint of a `keras.Model` holds."""
     _check_keras_model(trainer)
     optimizer = getattr(trainer, "optimizer", None)
     if optimizer is None:
@@ -180,37 +172,50 @@ def save(trainer, directory, *, epoch, batch=0, keep=3, metadata=None):
         TypeError, ValueError: see `describe_run` and `store.save_checkpoint`.
         OSError: the checkpoint could not be written.
     """
-    arrays = {}
-    for prefix, variables in _parts(trainer):
-        for j, v in enumerate(variables):
-            arrays[f"{prefix}/{j}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
     meta = dict(describe_run(trainer), extra=dict(metadata or {}))
     if is_pipeline(trainer):
+        arrays, layout_meta = pipeline_layout.save_arrays(trainer)  # by model variable
+        meta.update(layout_meta)
         # The order of shuffled arrays in the next epochs.
         meta["shuffle_seed"], meta["epochs_trained"] = trainer.shuffle_seed, trainer.epochs_trained
+    else:
+        arrays = {}
+        for prefix, variables in _parts(trainer):
+            for j, v in enumerate(variables):
+                arrays[f"{prefix}/{j}"] = np.asarray(keras.ops.convert_to_numpy(v.value))
     return store.save_checkpoint(directory, arrays, meta, epoch=epoch, batch=batch, keep=keep)
 
 
 def restore_checkpoint(trainer, path, metadata=None):
     """Loads a checkpoint into `trainer` (all or nothing); returns its info.
 
+    A pipeline checkpoint restores into a pipeline of the same model with any cuts, number
+    of stages, devices or replicas: each variable and optimizer slot goes to the stage
+    that now holds its layer. A pipeline whose cuts were planned (`cuts="auto"`) with the
+    checkpoint's number of stages is first re-cut at the checkpoint's cuts
+    (`PipelineModel.use_cuts`), so that a plan that came out differently this time does
+    not change the run; given cuts, or another number of stages, are kept. With another
+    number of stages each stage takes the update count and learning rate of the saved
+    last stage, and the smallest saved loss scale (docs/SPECTRAIN.md, "Checkpoints").
+    Older checkpoints, saved by stage (their metadata has no `layout`), restore too:
+    they are converted by splitting the model at their cuts.
+
     Args:
         trainer: the compiled `PipelineModel` or `keras.Model` to restore, built the same
-            way as the one that was saved.
+            way as the one that was saved (for a pipeline: the same model, mode,
+            SpecTrain target, micro-batches and optimizer; any cuts and devices).
         path: a checkpoint path (see `tf_spectrain.checkpoint.latest_checkpoint`).
         metadata: the extra facts of this run; they must equal the saved ones.
 
     Returns:
         The checkpoint's info dict: `epoch` (completed epochs: pass it to `fit` as
         `initial_epoch`), `batch` (mini-batches of that epoch already done, for a
-        checkpoint written on an interruption), `metadata`, `path`.
+        checkpoint written on an interruption), `metadata` (its `cuts` are those it was
+        saved with), `path`.
 
     Raises:
         CheckpointError (a ValueError): a corrupt checkpoint (naming the file) or one
-            written by a different model, cuts, mode or run (saying what differs). A
-            pipeline whose cuts were planned (`cuts="auto"`) is first re-cut at the
-            checkpoint's cuts (`PipelineModel.use_cuts`), so a plan that came out
-            differently this time does not refuse the restore.
+            written by a different model, mode or run (saying what differs).
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
     """
     arrays, info = store.load_checkpoint(path)
@@ -219,6 +224,24 @@ def restore_checkpoint(trainer, path, metadata=None):
     current = dict(describe_run(trainer), extra=dict(metadata or {}))
     keys = list(COMPARED) + [f"extra.{k}" for k in sorted(current["extra"])]
     compat.check_compatible(dict(info, metadata=_flatten(saved)), _flatten(current), keys)
+    if is_pipeline(trainer):
+        assignments = pipeline_layout.assignments(trainer, arrays, saved, path)
+    else:
+        assignments = _keras_assignments(trainer, arrays, path)
+    for v, value in assignments:
+        v.assign(value.astype(v.dtype) if hasattr(value, "astype") else value)
+    if is_pipeline(trainer):
+        if "shuffle_seed" in saved:
+            trainer.shuffle_seed = int(saved["shuffle_seed"])
+            trainer.epochs_trained = int(saved["epochs_trained"])
+        trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
+        _sync_loss_scales(trainer)
+        trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
+    return info
+
+
+def _keras_assignments(trainer, arrays, path):
+    """`[(variable, array)]` of a keras.Model's checkpoint, checked."""
     parts = _parts(trainer)
     assignments = []
     for prefix, variables in parts:
@@ -244,16 +267,7 @@ def restore_checkpoint(trainer, path, metadata=None):
             f"{', ...' if len(extra) > 5 else ''}): it was written by a different model or "
             "optimizer."
         )
-    for v, value in assignments:
-        v.assign(value.astype(v.dtype) if hasattr(value, "astype") else value)
-    if is_pipeline(trainer):
-        if "shuffle_seed" in saved:
-            trainer.shuffle_seed = int(saved["shuffle_seed"])
-            trainer.epochs_trained = int(saved["epochs_trained"])
-        trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
-        _sync_loss_scales(trainer)
-        trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
-    return info
+    return assignments
 
 
 def _sync_loss_scales(trainer):

@@ -23,7 +23,7 @@ import keras
 from tf_spectrain import prediction
 from tf_spectrain.prediction.cloning import rebuild
 
-__all__ = ["align_iterations", "keras_optimizer", "share_state"]
+__all__ = ["align_iterations", "keras_optimizer", "share_state", "variable_roles"]
 
 
 def keras_optimizer(optimizer):
@@ -114,6 +114,40 @@ def align_iterations(stage_optimizers):
     for count in counts[:-1]:
         if count is not counts[-1]:
             count.assign(counts[-1].value)
+
+
+def variable_roles(optimizer):
+    """What each of `optimizer.variables` is: one trainable weight's slot, or a scalar.
+
+    A checkpoint keys the slots by weight (not by position in one stage's optimizer) with
+    this, so that they can be restored into stages cut elsewhere. It looks through
+    `SpecTrain` and `LossScaleOptimizer` wrappers: the innermost optimizer's attributes are
+    named as they are (`"momentums"`, `"_iterations"`), a wrapper's as
+    `"<class>.<attribute>"` (`"SpecTrain.last_updates"`).
+
+    Args:
+        optimizer: a built Keras optimizer, possibly wrapped.
+
+    Returns:
+        One entry per variable of `optimizer.variables`, in order: `("slot", name, weight)`
+        (a slot list's entry, with the trainable weight it belongs to), `("scalar",
+        name)` (a variable held alone in an attribute: the update count, a learning rate)
+        or None (a variable of no role found here).
+    """
+    levels = [optimizer]
+    while hasattr(levels[-1], "inner_optimizer"):
+        levels.append(levels[-1].inner_optimizer)
+    roles = {}
+    for depth, level in enumerate(reversed(levels)):
+        prefix = "" if depth == 0 else f"{type(level).__name__}."
+        weights = list(getattr(level, "_trainable_variables", ()))
+        for name, slots in _slot_lists(level).items():
+            for weight, slot in zip(weights, slots):
+                if slot is not None:
+                    roles.setdefault(id(slot), ("slot", prefix + name, weight))
+        for name, variable in _scalar_variables(level).items():
+            roles.setdefault(id(variable), ("scalar", prefix + name))
+    return [roles.get(id(v)) for v in optimizer.variables]
 
 
 def _slot_lists(optimizer):
