@@ -293,17 +293,79 @@ def test_cli_reports_a_failed_checkpoint_write(tmp_path, capsys, monkeypatch):
     assert "No space left on device" in out.err and "Traceback" not in out.err
 
 
-def test_resume_on_another_number_of_devices_says_what_the_checkpoint_holds(tmp_path, capsys):
+# --- resuming on another number of stages or replicas (issue 32) -------------------------
+
+CNN = ["--model", "small_cnn", "--limit", "64", "--batch-size", "16", "--mode", "sync"]
+CNN4 = ["--gpus", "4", "--cuts", "pool1,pool2,fc1"]
+
+
+def _weights(logdir):
+    return keras.models.load_model(os.path.join(logdir, "model.keras"), compile=False).get_weights()
+
+
+def _assert_close(a, b, rtol=1e-5, atol=1e-6):
+    """Within float tolerance (other graphs sum in other orders); the largest difference."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def test_cli_sync_resumes_4_then_2_then_4_stages_as_the_uninterrupted_run(tmp_path, capsys):
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    assert run_cli(CNN + CNN4 + ["--epochs", "3", "--logdir", whole], capsys)[0] == 0
+    assert run_cli(CNN + CNN4 + ["--epochs", "1", "--logdir", split], capsys)[0] == 0
+    # 2 devices, --cuts auto: planned anew for 2 stages, then re-cut
+    code, out = run_cli(CNN + ["--gpus", "2", "--epochs", "2", "--logdir", split, "--resume"],
+                        capsys)
+    assert code == 0, out.err
+    assert ("the checkpoint holds 4 stages (cut after pool1, pool2, fc1) and this run has "
+            "devices for 2 stages (2 devices): planning 2 stages") in out.out
+    assert re.search(r"the checkpoint holds 4 stages \(cut after pool1, pool2, fc1\); re-cut "
+                     r"into 2 stages \(cut after \w+\), planned for this run's devices", out.out)
+    # back to 4 stages, at given cuts
+    code, out = run_cli(CNN + CNN4 + ["--epochs", "3", "--logdir", split, "--resume"], capsys)
+    assert code == 0, out.err
+    assert "re-cut into 4 stages (cut after pool1, pool2, fc1), as --cuts says" in out.out
+    assert "ckpt-e0002-b000000" in out.out
+    worst = _assert_close(_weights(whole), _weights(split))
+    print(f"4 -> 2 -> 4 stages, sync: largest difference {worst:.3g}")
+
+
+def test_cli_resumes_across_replicas_as_the_uninterrupted_run(tmp_path, capsys):
+    sync = ["--model", "mlp", "--limit", "64", "--batch-size", "16", "--cuts", "dense1",
+            "--mode", "sync"]
+    one, two = ["--gpus", "2"], ["--gpus", "4", "--replicas", "2"]
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    assert run_cli(sync + one + ["--epochs", "3", "--logdir", whole], capsys)[0] == 0
+    assert run_cli(sync + one + ["--epochs", "1", "--logdir", split], capsys)[0] == 0
+    code, out = run_cli(sync + two + ["--epochs", "2", "--logdir", split, "--resume"], capsys)
+    assert code == 0, out.err
+    assert "trained by 1 replica of the pipeline, this run has 2" in out.out
+    code, out = run_cli(sync + one + ["--epochs", "3", "--logdir", split, "--resume"], capsys)
+    assert code == 0, out.err
+    assert "trained by 2 replicas of the pipeline, this run has 1" in out.out
+    worst = _assert_close(_weights(whole), _weights(split))
+    print(f"1 -> 2 -> 1 replicas, sync: largest difference {worst:.3g}")
+
+
+def test_cli_spectrain_resumes_on_fewer_stages_and_refuses_bad_cuts_first(tmp_path, capsys):
     logdir = str(tmp_path / "run")
-    assert run_cli(CUT + ["--epochs", "1", "--logdir", logdir], capsys)[0] == 0
-    resumed = ["--model", "mlp", "--gpus", "4", "--limit", "64", "--batch-size", "16",
-               "--epochs", "2", "--logdir", logdir, "--resume"]
-    with pytest.raises(SystemExit) as exc:
-        cli.main(resumed)
+    spectrain = [a if a != "sync" else "spectrain" for a in CNN]
+    assert run_cli(spectrain + ["--gpus", "3", "--cuts", "pool1,pool2", "--epochs", "1",
+                                "--logdir", logdir], capsys)[0] == 0
+    directory = os.path.join(logdir, "checkpoints")
+    before = checkpoint_store.list_checkpoints(directory)
+    with pytest.raises(SystemExit) as exc:  # a bad cut: refused before any training
+        cli.main(spectrain + ["--gpus", "2", "--cuts", "pool9", "--epochs", "2", "--logdir",
+                              logdir, "--resume"])
     assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "holds a pipeline of 2 stages (cut after dense1)" in err
-    assert "devices for 4 stages (4 devices)" in err and "run with --gpus 2" in err
-    names = [os.path.basename(p) for p in checkpoint_store.list_checkpoints(
-        os.path.join(logdir, "checkpoints"))]
-    assert names and names[-1].startswith("ckpt-e0001")  # nothing lost, nothing added
+    assert "pool9" in capsys.readouterr().err
+    assert checkpoint_store.list_checkpoints(directory) == before  # nothing lost or added
+    code, out = run_cli(spectrain + ["--gpus", "2", "--cuts", "pool2", "--epochs", "2",
+                                     "--logdir", logdir, "--resume"], capsys)
+    assert code == 0, out.err
+    assert "holds 3 stages (cut after pool1, pool2); re-cut into 2 stages (cut after pool2)" in (
+        out.out)
+    assert os.path.basename(checkpoint_store.latest_checkpoint(directory)).startswith("ckpt-e0002")
+    assert all(np.isfinite(w).all() for w in _weights(logdir))

@@ -16,6 +16,7 @@ from tf_spectrain import checkpoint, data, devices, models
 from tf_spectrain.app import trainers
 from tf_spectrain.app.config import RunConfig, as_run_config
 from tf_spectrain.callbacks import PipelineCheckpoint
+from tf_spectrain.checkpoint import layout
 from tf_spectrain.cluster import connect_cluster
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.schedule import modes
@@ -69,31 +70,47 @@ def run_facts(config):
 
 
 def _restore(run):
-    """Restores the newest checkpoint for `--resume` (or says there is none)."""
+    """Restores the newest checkpoint for `--resume` (or says there is none), and says what
+    changed: the cuts, the number of stages, the replicas."""
     config = run.config
     info = checkpoint.restore_latest(run.trainer, config.checkpoint_dir, run_facts(config))
     if info is not None:
         run.start_epoch, run.start_batch = info["epoch"], info["batch"]
         run.resumed_from = info["path"]
+        if isinstance(run.trainer, PipelineModel):
+            _say_what_changed(info["metadata"], run.trainer, config)
         checkpoint.apply_learning_rate(run.trainer, config.lr)
 
 
-def _check_saved_stages(saved, num_devices, config):
-    """Refuses to resume a checkpoint of N stages on devices for another number of stages."""
+def _say_what_changed(saved, pipe, config):
+    """Prints how the restored pipeline differs from the one that saved the checkpoint."""
+    cuts = saved.get("cuts")
+    if isinstance(cuts, list) and cuts != pipe.cuts:
+        how = "as --cuts says" if config.cuts != "auto" else "planned for this run's devices"
+        print(f"--resume: the checkpoint holds {layout.describe_cuts(cuts)}; re-cut into "
+              f"{layout.describe_cuts(pipe.cuts)}, {how}; each layer's weights and optimizer "
+              "slots go to the stage that now holds it.", flush=True)
+    replicas = saved.get("replicas", 1)
+    if isinstance(replicas, int) and replicas != pipe.replicas:
+        print(f"--resume: the checkpoint was trained by {replicas} "
+              f"replica{'s' if replicas > 1 else ''} of the pipeline, this run has "
+              f"{pipe.replicas}; each starts from the checkpoint's state.", flush=True)
+
+
+def _resume_cuts(saved, config, num_devices):
+    """The cuts to build a resumed pipeline with: `--cuts auto` takes the checkpoint's when
+    this run has devices for as many stages, else plans anew (the restore re-cuts)."""
+    if config.cuts != "auto":
+        return config.cuts
     stages = num_devices // config.replicas
     if len(saved) + 1 == stages:
-        return
-    replicas = f" in each of {config.replicas} replicas" if config.replicas > 1 else ""
-    needed = (len(saved) + 1) * config.replicas
-    how = (f"{needed} devices (workers x --gpus-per-host)" if config.cluster is not None
-           else f"--gpus {needed}")
-    raise ValueError(
-        f"--resume: the newest checkpoint in {config.checkpoint_dir} holds a pipeline of "
-        f"{len(saved) + 1} stages (cut after {', '.join(saved)}), and this run has devices "
-        f"for {stages} stages{replicas} ({num_devices} devices). A checkpoint resumes on "
-        f"the number of stages it was saved with: run with {how}, or start a new run in "
-        f"another --logdir; resuming on another number of stages is not supported yet."
-    )
+        print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
+        return saved
+    print(f"--resume: the checkpoint holds {layout.describe_cuts(saved)} and this run has "
+          f"devices for {stages} stages ({num_devices} devices"
+          f"{f', {config.replicas} replicas' if config.replicas > 1 else ''}): planning "
+          f"{stages} stages.", flush=True)
+    return "auto"
 
 
 def prepare(config):
@@ -149,12 +166,11 @@ def prepare(config):
         num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
     )
     cuts = config.cuts
-    if config.resume and cuts == "auto" and config.checkpoint_dir is not None:
+    pipeline = config.mode in modes.PIPELINE_MODES
+    if config.resume and pipeline and config.checkpoint_dir is not None:
         saved = checkpoint.saved_cuts(config.checkpoint_dir)
-        if saved is not None and config.mode in modes.PIPELINE_MODES:
-            _check_saved_stages(saved, len(device_names), config)
-            cuts = saved
-            print(f"--resume: using the checkpoint's cuts {', '.join(saved)}", flush=True)
+        if saved is not None:  # a pipeline's: resumed at any cuts (the restore re-cuts)
+            cuts = _resume_cuts(saved, config, len(device_names))
     trainer = trainers.build_trainer(
         lambda: models.get_model(config.model, info.input_shape, info.num_classes, **options),
         config.mode,

@@ -113,8 +113,10 @@ def describe_run(trainer):
         A JSON-serialisable dict: `kind` ("pipeline" or "keras"), `model` (its name),
         `architecture` (layer types and weight shapes), `optimizer` (its class name) and,
         for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`,
-        and `loss_scale` ("dynamic") when its loss is scaled (a Keras model's optimizer is
-        then a `LossScaleOptimizer`).
+        `replicas` and `loss_scale` ("dynamic") when its loss is scaled (a Keras model's
+        optimizer is then a `LossScaleOptimizer`). Only `kind`, `architecture`, `mode`,
+        `spectrain_target`, `micro_batches`, `optimizer` and `loss_scale` must match on
+        restore (`COMPARED`).
 
     Raises:
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
@@ -141,6 +143,7 @@ def describe_run(trainer):
             mode=trainer.mode,
             spectrain_target=trainer.spectrain_target,
             micro_batches=trainer.micro_batches,
+            replicas=trainer.replicas,
         )
         if trainer.runners[-1].loss_scale is not None:
             info["loss_scale"] = "dynamic"
