@@ -50,6 +50,7 @@ def test_module_imports_neither_tensorflow_nor_keras():
         "import sys, checkpoint_writer\n"
         "checkpoint_writer.load_pure('tf_spectrain.checkpoint.store')\n"
         "checkpoint_writer.load_pure('tf_spectrain.checkpoint.compat')\n"
+        "checkpoint_writer.load_pure('tf_spectrain.checkpoint.layout')\n"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
     )
     result = subprocess.run(

@@ -332,21 +332,22 @@ def test_cli_sync_resumes_4_then_2_then_4_stages_as_the_uninterrupted_run(tmp_pa
     print(f"4 -> 2 -> 4 stages, sync: largest difference {worst:.3g}")
 
 
-def test_cli_resumes_across_replicas_as_the_uninterrupted_run(tmp_path, capsys):
+def test_cli_resumes_across_replicas_and_micro_batches_as_the_uninterrupted_run(tmp_path, capsys):
     sync = ["--model", "mlp", "--limit", "64", "--batch-size", "16", "--cuts", "dense1",
             "--mode", "sync"]
-    one, two = ["--gpus", "2"], ["--gpus", "4", "--replicas", "2"]
+    one, two = ["--gpus", "2"], ["--gpus", "4", "--replicas", "2", "--micro-batches", "2"]
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     assert run_cli(sync + one + ["--epochs", "3", "--logdir", whole], capsys)[0] == 0
     assert run_cli(sync + one + ["--epochs", "1", "--logdir", split], capsys)[0] == 0
     code, out = run_cli(sync + two + ["--epochs", "2", "--logdir", split, "--resume"], capsys)
     assert code == 0, out.err
     assert "trained by 1 replica of the pipeline, this run has 2" in out.out
+    assert "trained with 1 micro-batch per mini-batch, this run uses 2" in out.out
     code, out = run_cli(sync + one + ["--epochs", "3", "--logdir", split, "--resume"], capsys)
     assert code == 0, out.err
     assert "trained by 2 replicas of the pipeline, this run has 1" in out.out
     worst = _assert_close(_weights(whole), _weights(split))
-    print(f"1 -> 2 -> 1 replicas, sync: largest difference {worst:.3g}")
+    print(f"1 -> 2 (2 micro-batches) -> 1 replicas, sync: largest difference {worst:.3g}")
 
 
 def test_cli_spectrain_resumes_on_fewer_stages_and_refuses_bad_cuts_first(tmp_path, capsys):

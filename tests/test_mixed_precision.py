@@ -388,6 +388,21 @@ def test_checkpoint_saves_and_restores_every_stage_scale(tmp_path):
         checkpoint.restore_checkpoint(unscaled, path)
 
 
+def test_a_checkpoint_re_cut_into_fewer_stages_takes_the_smallest_scale(tmp_path):
+    pipe, _ = pipeline_fit(mlp("mixed_float16"), scaled(), mode="vanilla", epochs=1)
+    for runner, scale, counter in zip(pipe.runners, (8.0, 2.0, 4.0), (5, 6, 7)):
+        runner.loss_scale.scale.assign(scale)
+        runner.loss_scale.counter.assign(counter)
+    path = checkpoint.save(pipe, str(tmp_path), epoch=1)
+    fewer = PipelineModel(mlp("mixed_float16"), cuts=["dense1"], mode="vanilla")
+    fewer.compile(optimizer=scaled(), loss=loss())
+    checkpoint.restore_checkpoint(fewer, path)
+    assert scales(fewer) == [2.0, 2.0]  # no stage overflowed at it
+    assert [int(r.loss_scale.counter.numpy()) for r in fewer.runners] == [6, 6]
+    for a, b in zip(pipe.model.get_weights(), fewer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 # --- train.py --precision ------------------------------------------------------------------
 
 

@@ -83,7 +83,8 @@ def _restore(run):
 
 
 def _say_what_changed(saved, pipe, config):
-    """Prints how the restored pipeline differs from the one that saved the checkpoint."""
+    """Prints how the restored pipeline differs from the one that saved the checkpoint:
+    cuts, replicas, micro-batches."""
     cuts = saved.get("cuts")
     if isinstance(cuts, list) and cuts != pipe.cuts:
         how = "as --cuts says" if config.cuts != "auto" else "planned for this run's devices"
@@ -95,6 +96,12 @@ def _say_what_changed(saved, pipe, config):
         print(f"--resume: the checkpoint was trained by {replicas} "
               f"replica{'s' if replicas > 1 else ''} of the pipeline, this run has "
               f"{pipe.replicas}; each starts from the checkpoint's state.", flush=True)
+    micro = saved.get("micro_batches")
+    if isinstance(micro, int) and micro != pipe.micro_batches:
+        print(f"--resume: the checkpoint was trained with {micro} "
+              f"micro-batch{'es' if micro > 1 else ''} per mini-batch, this run uses "
+              f"{pipe.micro_batches} (the same gradient sums; "
+              "BatchNorm normalises each micro-batch).", flush=True)
 
 
 def _resume_cuts(saved, config, num_devices):

@@ -4,10 +4,12 @@
 - `store`: checkpoint directories: atomic saves, retention, listing, loading;
 - `compat`: what differs between a checkpoint and a run (`compare_metadata`);
 - `state`: what a pipeline's (or keras.Model's) state is: `save`, `restore_checkpoint`;
+- `layout`, `pipeline_layout`: a pipeline's state keyed by the model's variables, not by
+  stage, so that it restores into any cuts (and older checkpoints by stage, converted);
 - `resume`: what train.py does with a checkpoint directory (`--resume`, refusals);
 - `callback`: the `PipelineCheckpoint` Keras callback.
 
-`format`, `store` and `compat` import neither TensorFlow nor Keras.
+`format`, `store`, `compat` and `layout` import neither TensorFlow nor Keras.
 """
 
 from tf_spectrain.checkpoint.callback import CheckpointWriteError, PipelineCheckpoint

@@ -44,8 +44,10 @@ def restore_latest(trainer, directory, facts):
 def saved_cuts(directory):
     """The cuts the newest checkpoint of `directory` was trained at, for `--resume`.
 
-    A pipeline with planned cuts (`--cuts auto`) resumes at the saved cuts, never at a
-    fresh plan: timings vary between runs, so a new plan could differ.
+    A pipeline with planned cuts (`--cuts auto`) on devices for as many stages resumes at
+    the saved cuts, not at a fresh plan (timings vary between runs, so a new plan could
+    differ); on devices for another number of stages it plans anew, and the restore
+    re-cuts the checkpoint (`restore_checkpoint`).
 
     Args:
         directory: the run's checkpoint directory.

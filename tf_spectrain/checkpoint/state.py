@@ -29,14 +29,14 @@ from tf_spectrain.checkpoint import compat, pipeline_layout, store
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
 
-# What must match for a checkpoint to be restored (the caller's metadata keys are added);
-# not the cuts or the number of stages: a pipeline checkpoint is re-cut on restore.
+# What must match for a checkpoint to be restored (the caller's metadata keys are added):
+# what decides which weights each pass uses. Not the cuts, the number of stages, replicas
+# or micro-batches: a pipeline checkpoint is re-cut on restore (docs/SPECTRAIN.md, 6d).
 COMPARED = (
     "kind",
     "architecture",
     "mode",
     "spectrain_target",
-    "micro_batches",
     "optimizer",
     "loss_scale",
 )
@@ -115,8 +115,8 @@ def describe_run(trainer):
         for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`,
         `replicas` and `loss_scale` ("dynamic") when its loss is scaled (a Keras model's
         optimizer is then a `LossScaleOptimizer`). Only `kind`, `architecture`, `mode`,
-        `spectrain_target`, `micro_batches`, `optimizer` and `loss_scale` must match on
-        restore (`COMPARED`).
+        `spectrain_target`, `optimizer` and `loss_scale` must match on restore
+        (`COMPARED`).
 
     Raises:
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
@@ -206,7 +206,8 @@ def restore_checkpoint(trainer, path, metadata=None):
     Args:
         trainer: the compiled `PipelineModel` or `keras.Model` to restore, built the same
             way as the one that was saved (for a pipeline: the same model, mode,
-            SpecTrain target, micro-batches and optimizer; any cuts and devices).
+            SpecTrain target, optimizer and loss scaling; any cuts, devices, replicas
+            and micro-batches).
         path: a checkpoint path (see `tf_spectrain.checkpoint.latest_checkpoint`).
         metadata: the extra facts of this run; they must equal the saved ones.
 
