@@ -103,6 +103,25 @@ def test_spectrain_resumes_on_fewer_stages_and_trains_on(tmp_path):
                                                          resumed.model.get_weights()))
 
 
+def test_an_optimizer_variable_of_no_known_role_stays_at_its_cuts(tmp_path, monkeypatch):
+    from tf_spectrain.checkpoint import pipeline_layout
+
+    def no_roles(optimizer):
+        return [None] * len(optimizer.variables)
+
+    monkeypatch.setattr(pipeline_layout.optimizer_view, "variable_roles", no_roles)
+    saved = pipeline("spectrain", cuts=THREE)
+    path = checkpoint_store.save(saved, tmp_path, epoch=0)
+    same = pipeline("spectrain", cuts=THREE)
+    restore_checkpoint(same, path)
+    assert_same_state(state(saved), state(same))
+    other = pipeline("spectrain", cuts=TWO)
+    before = state(other)
+    with pytest.raises(checkpoint_store.CheckpointError, match="has no known role"):
+        restore_checkpoint(other, path)
+    assert_same_state(before, state(other))  # nothing was assigned
+
+
 # --- checkpoints by stage (format version 1), as tf_spectrain wrote them before ----------
 
 

@@ -65,7 +65,7 @@ def test_cli_resume_equals_uninterrupted(tmp_path, capsys, monkeypatch):
         np.testing.assert_array_equal(x, y)
 
 
-def test_cli_refuses_to_overwrite_and_to_resume_another_run(tmp_path, capsys):
+def test_cli_refuses_to_overwrite_and_to_resume_another_run(tmp_path, capsys, monkeypatch):
     logdir = str(tmp_path / "run")
     assert run_cli(CUT + ["--epochs", "1", "--logdir", logdir], capsys)[0] == 0
     with pytest.raises(SystemExit) as exit_info:
@@ -80,6 +80,19 @@ def test_cli_refuses_to_overwrite_and_to_resume_another_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(CUT + ["--epochs", "2", "--logdir", logdir, "--resume", "--seed", "3"], capsys)
     assert "extra.seed: the checkpoint has 0, this run has 3" in capsys.readouterr().err
+    # refused before cuts are planned for another number of stages (profiling takes long)
+    from tf_spectrain.costmodel import autoplan
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planned cuts before refusing the checkpoint")
+
+    monkeypatch.setattr(autoplan, "auto_partition", no_planning)
+    other = ["--model", "mlp", "--gpus", "3", "--limit", "64", "--batch-size", "16"]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(other + ["--epochs", "2", "--logdir", logdir, "--resume", "--mode", "stash"],
+                capsys)
+    assert exit_info.value.code == 2
+    assert "mode: the checkpoint has 'spectrain', this run has 'stash'" in capsys.readouterr().err
 
 
 def _start(argv, tmp_path):

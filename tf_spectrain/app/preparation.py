@@ -174,6 +174,10 @@ def prepare(config):
     )
     cuts = config.cuts
     pipeline = config.mode in modes.PIPELINE_MODES
+    if config.resume and config.checkpoint_dir is not None:  # another run's: refused now
+        checkpoint.refuse_other_settings(
+            config.checkpoint_dir, run_facts(config), kind="pipeline" if pipeline else "keras",
+            mode=config.mode, spectrain_target=config.spectrain_target)
     if config.resume and pipeline and config.checkpoint_dir is not None:
         saved = checkpoint.saved_cuts(config.checkpoint_dir)
         if saved is not None:  # a pipeline's: resumed at any cuts (the restore re-cuts)

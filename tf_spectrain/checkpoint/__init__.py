@@ -28,6 +28,7 @@ from tf_spectrain.checkpoint.format import (
 from tf_spectrain.checkpoint.resume import (
     apply_learning_rate,
     refuse_existing,
+    refuse_other_settings,
     restore_latest,
     saved_cuts,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "refuse_existing",
+    "refuse_other_settings",
     "restore_checkpoint",
     "restore_latest",
     "saved_cuts",

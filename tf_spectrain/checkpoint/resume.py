@@ -41,6 +41,38 @@ def restore_latest(trainer, directory, facts):
         ) from None
 
 
+def refuse_other_settings(directory, facts, **settings):
+    """Refuses, before the model is built (or cuts planned), a newest checkpoint of
+    `directory` that another run wrote: `restore_latest` then checks the rest.
+
+    Args:
+        directory: the run's checkpoint directory (`--checkpoint-dir`).
+        facts: the run's settings that the checkpoint must share (its `metadata`).
+        **settings: described-run fields to compare where the checkpoint records them,
+            e.g. `kind="pipeline", mode="sync", spectrain_target="paper"`.
+
+    Raises:
+        CheckpointError: some differ (the message lists them all). Nothing is raised for
+            no checkpoint or an unreadable one (`restore_latest` names the file).
+    """
+    path = store.latest_checkpoint(directory)
+    if path is None:
+        return
+    try:
+        info = dict(read_info(path), path=path)
+    except UnreadableFile:
+        return
+    saved = state.flatten_metadata(info["metadata"])
+    current = dict(settings, **{f"extra.{k}": v for k, v in facts.items()})
+    keys = [k for k in settings if k in saved] + [f"extra.{k}" for k in sorted(facts)]
+    try:
+        compat.check_compatible(dict(info, metadata=saved), current, keys)
+    except compat.IncompatibleCheckpoint as error:
+        raise compat.IncompatibleCheckpoint(
+            f"{error} (train.py: another --checkpoint-dir, or another --logdir)"
+        ) from None
+
+
 def saved_cuts(directory):
     """The cuts the newest checkpoint of `directory` was trained at, for `--resume`.
 

@@ -199,7 +199,7 @@ def restore_checkpoint(trainer, path, metadata=None):
     (`PipelineModel.use_cuts`), so that a plan that came out differently this time does
     not change the run; given cuts, or another number of stages, are kept. With another
     number of stages each stage takes the update count and learning rate of the saved
-    last stage, and the smallest saved loss scale (docs/SPECTRAIN.md, "Checkpoints").
+    last stage, and the smallest saved loss scale (docs/SPECTRAIN.md section 6d).
     Older checkpoints, saved by stage (their metadata has no `layout`), restore too:
     they are converted by splitting the model at their cuts.
 
@@ -227,7 +227,8 @@ def restore_checkpoint(trainer, path, metadata=None):
     _use_saved_cuts(trainer, saved)
     current = dict(describe_run(trainer), extra=dict(metadata or {}))
     keys = list(COMPARED) + [f"extra.{k}" for k in sorted(current["extra"])]
-    compat.check_compatible(dict(info, metadata=_flatten(saved)), _flatten(current), keys)
+    compat.check_compatible(dict(info, metadata=flatten_metadata(saved)),
+                            flatten_metadata(current), keys)
     if is_pipeline(trainer):
         assignments = pipeline_layout.assignments(trainer, arrays, saved, path)
     else:
@@ -296,8 +297,9 @@ def _use_saved_cuts(trainer, saved):
             pass  # not layers of this model: the comparison below says what differs
 
 
-def _flatten(meta):
-    """`extra` entries as `extra.<key>` so that they are compared one by one."""
+def flatten_metadata(meta):
+    """A checkpoint's metadata with its `extra` entries as `extra.<key>`, so that they are
+    compared one by one."""
     flat = {k: v for k, v in meta.items() if k != "extra"}
     for k, v in (meta.get("extra") or {}).items():
         flat[f"extra.{k}"] = v
