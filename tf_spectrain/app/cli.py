@@ -195,8 +195,8 @@ def main(argv=None):
 
     Returns:
         0 after training, and after a clean stop on SIGINT/SIGTERM (with a checkpoint and the
-        command that resumes); 1 when training stopped on a non-finite loss or a checkpoint
-        could not be written.
+        command that resumes); 1 when training stopped on a non-finite loss or a stall (no
+        stage finished a pass for --stall-timeout), or a checkpoint could not be written.
         With `--plan`: 0 when every stage fits, 3 when one would not (nothing trained).
 
     Raises:
@@ -210,7 +210,7 @@ def main(argv=None):
         return _plan(parser, config)
     from tf_spectrain.app import preparation, training
     from tf_spectrain.callbacks import CheckpointWriteError
-    from tf_spectrain.pipeline_model import NonFiniteLossError
+    from tf_spectrain.pipeline_model import NonFiniteLossError, PipelineStalledError
 
     stopper = _StopOnSignal(training)
     uninstall = stopper.install()
@@ -228,12 +228,14 @@ def main(argv=None):
     except CheckpointWriteError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, PipelineStalledError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         if run.checkpoint is not None and run.checkpoint.last_path:
+            how = "e.g. with a lower --lr" if isinstance(e, NonFiniteLossError) else (
+                "once the cause is mended")
             print(
                 f"The last good checkpoint is {run.checkpoint.last_path}; to continue from it "
-                f"(e.g. with a lower --lr): {resume_command(argv, config)}",
+                f"({how}): {resume_command(argv, config)}",
                 file=sys.stderr,
             )
         return 1

@@ -69,6 +69,7 @@ class RunConfig:
     schedule: str = "gpipe"
     recompute: str = "auto"
     replicas: int = 1
+    stall_timeout: float = 60.0  # seconds without a finished pass; 0: never stop
     memory_limit: str | int | None = None  # per device: bytes, or a size such as "16GiB"
     plan: bool = False
     dataset: str | None = None  # None: default_dataset(model)

@@ -6,6 +6,7 @@ checks read only the config's fields (and its `trainer_cluster`, `num_devices` a
 `num_stages`), in the order the flags are documented.
 """
 
+import dataclasses
 import os
 
 from tf_spectrain import checks, data, models
@@ -217,6 +218,13 @@ def _check_plan_flags(p, c):
             p.add("--memory-limit steers the planned cuts (--cuts auto); to check given "
                   "cuts against it, add --plan. Received: --memory-limit "
                   f"{c.memory_limit} with --cuts {_cuts_text(c.cuts)}")
+    default = {f.name: f.default for f in dataclasses.fields(c)}["stall_timeout"]
+    if p.check(checks.check_number, "--stall-timeout", c.stall_timeout, 0,
+               meaning="seconds; 0: never stop") and c.stall_timeout != default and (
+                   c.mode not in modes.PIPELINE_MODES):
+        p.add(f"--stall-timeout watches the stages of a pipeline (a mode among "
+              f"{list(modes.PIPELINE_MODES)}). Received: --stall-timeout {c.stall_timeout:g} "
+              f"with --mode {c.mode}")
     if c.trace is True and c.mode not in modes.PIPELINE_MODES:
         p.add(f"--trace draws the stages of a pipeline (a mode among "
               f"{list(modes.PIPELINE_MODES)}). Received: --trace with --mode {c.mode}")

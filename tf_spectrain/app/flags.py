@@ -129,6 +129,12 @@ def _add_pipeline(add):
         "them and each stage's gradients are summed over its copies before every update",
     )
     add(
+        "stall_timeout",
+        type=float,
+        help="seconds in which some stage must finish a pass; otherwise training stops with "
+        "an error saying where each stage is and what it waits for (0: never stop)",
+    )
+    add(
         "memory_limit",
         help="memory each device may use, e.g. 16GiB, 512MiB, 1.5GB or bytes: --cuts auto "
         "then plans only cuts whose stages fit it (and their device's memory); with --plan, "

@@ -110,6 +110,8 @@ def train(run):
     history = {}
     run.phase = "training"
     pipeline = isinstance(run.trainer, PipelineModel)
+    if pipeline:  # 0: never stop
+        run.trainer.stall_timeout = config.stall_timeout or None
     for start, skip, stop in _fit_segments(run):
         if run.stop_requested:
             break

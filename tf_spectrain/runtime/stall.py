@@ -21,6 +21,8 @@ import contextlib
 import threading
 import time
 
+from tf_spectrain import checks
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "PipelineStalledError",
@@ -62,15 +64,12 @@ class PipelineStalledError(RuntimeError):
 
 def check_timeout(stall_timeout):
     """Checks `stall_timeout`: a number of seconds > 0, or None (no watch); returns it."""
-    bad = isinstance(stall_timeout, bool) or not (
-        stall_timeout is None or isinstance(stall_timeout, (int, float)))
-    if bad or (stall_timeout is not None and not stall_timeout > 0):
-        raise ValueError(
-            "`stall_timeout` must be a number of seconds > 0 (how long no stage may finish "
-            f"a pass before the run stops), or None to never stop. Received: "
-            f"stall_timeout={stall_timeout!r}"
-        )
-    return None if stall_timeout is None else float(stall_timeout)
+    if stall_timeout is None:
+        return None
+    return checks.check_number(
+        "stall_timeout", stall_timeout, 0, strict=True,
+        valid="a number of seconds > 0, or None (never stop)",
+        meaning="how long no stage may finish a pass before the run stops")
 
 
 def _seconds(seconds):

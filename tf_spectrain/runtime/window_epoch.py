@@ -19,7 +19,8 @@ from tf_spectrain.runtime.graphs import graph_function
 from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
-from tf_spectrain.runtime.window_graph import WindowEmitter, failed_op
+from tf_spectrain.runtime.window_errors import failed_op
+from tf_spectrain.runtime.window_graph import WindowEmitter
 from tf_spectrain.runtime.window_watch import WindowWatch
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 

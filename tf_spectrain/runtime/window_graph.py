@@ -1,6 +1,6 @@
 """One window of a pipeline epoch as one graph: every stage's passes, hand-offs inside it.
 
-`emit_window` writes a `schedule.windows.Window` into the graph being traced: each pass on
+`WindowEmitter` writes a `schedule.windows.Window` into the graph being traced: each pass on
 its stage's device (through the stage's `runtime.passes.StagePasses` graph functions, called
 nested, so a window traces each stage's math once), activations and gradients handed from
 stage to stage as tensors, the loss and metrics of each reported mini-batch updated inside
@@ -22,15 +22,14 @@ count mini-batches from the first one the next window reports, so that every win
 same shape has the same inputs and outputs and reuses one traced graph.
 """
 
-import re
-
 import tensorflow as tf
 
 from tf_spectrain.runtime.graphs import all_finite, as_list, differentiable
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
-from tf_spectrain.runtime.passes import failed_function, with_penalty
+from tf_spectrain.runtime.passes import with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
+from tf_spectrain.runtime.window_errors import pass_name
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 
@@ -67,47 +66,6 @@ def split_parts(x, parts):
         share = tf.cast(tf.cast(size, tf.float64) / tf.cast(n, tf.float64), tf.float32)
         out.append((tf.nest.pack_sequence_as(x, [p[j] for p in pieces]), share))
     return out
-
-
-def pass_name(k, kind, relative, micro, r):
-    """The name scope of a pass: stage, kind, mini-batch from the window's first, micro-batch,
-    replica (`failed_op` reads it back from an error)."""
-    return f"stage{k}_{kind}_b{relative}_m{micro}_r{r}"
-
-
-_PASS_NAME = re.compile(r"stage(\d+)_(forward|backward|update)_b(-?\d+)_m(\d+)_r(\d+)")
-
-
-def failed_op(error, layers=()):
-    """Where the op that raised `error` ran, as far as its message tells: `(stage, pass kind
-    or None, mini-batch counted from the window's first or None, replica or None, layer or
-    None)`, or None.
-
-    An op of the window's own graph is named by its pass (`pass_name`); one inside a stage's
-    nested graph function by the function (`passes.failed_function`: the stage and kind,
-    not the mini-batch) or, where the message names only the op, by its layer.
-
-    Args:
-        error: the exception.
-        layers: each stage's layer names, stage 0 first (to find a layer's stage).
-    """
-    text = str(error)
-    first = re.search(r"\[\[(.*?)\]\]", text)
-    where = first.group(1) if first else text
-    match = _PASS_NAME.search(where)
-    if match is not None:
-        k, kind, relative, _, r = match.groups()
-        return int(k), kind, int(relative), int(r), None
-    inner = failed_function(where)
-    if inner is not None:
-        return inner[0], inner[1], None, None, None
-    node = re.search(r"\{\{node ([^/}]+)", where)
-    if node is not None:
-        layer = re.sub(r"_\d+$", "", node.group(1))
-        for k, names in enumerate(layers):
-            if layer in names:
-                return k, None, None, None, layer
-    return None
 
 
 def _per_example_bytes(tensors):
@@ -153,6 +111,7 @@ class WindowEmitter:
         # ("kept", runner index, (i, j), bytes per example, fixed bytes, weight copy bytes
         # or None, whether a tape holds its activations) and ("released", index, (i, j)).
         self.notes = []
+        self.finished = []  # the outputs of the pass just emitted (see `_count`)
         parts = setup.replicas * setup.micro_batches
         self.inputs = {int(n) + self.base: split_parts(x, parts) for n, x in xs.items()}
         self.labels = {int(n) + self.base: (split_parts(y, parts), batch_size(y))
@@ -180,10 +139,15 @@ class WindowEmitter:
         return {"carried": carried, "losses": losses, "flags": flags}
 
     def _count(self, index):
-        """Counts a finished pass of runner `index` (for the stall watch), once its finite
-        flag, which reads all its outputs, is computed."""
+        """Counts a finished pass of runner `index` for the stall watch (in program order:
+        one variable), once its outputs `finished` are computed: through identities, as an
+        edge from an inlined call's output would wait only for the call's side effects."""
+        ready = []
+        for t in self.finished:
+            with tf.device(t.device or None):
+                ready.append(tf.identity(t))
         counter = self.setup.counters[index]
-        with tf.device(counter.device), tf.control_dependencies([self.flags[-1][-1]]):
+        with tf.device(counter.device), tf.control_dependencies(ready):
             counter.assign_add(1)
 
     # --- passes ---------------------------------------------------------------------------
@@ -232,6 +196,7 @@ class WindowEmitter:
                 self.live[("recw" if keep == WEIGHTS else "rec", k, i, j, r)] = record
         self.live[("pen", k, i, j, r)] = penalty
         self.flags.append((setup.index(r, k), FORWARD, (i, j), finite))
+        self.finished = [finite, penalty] + list(outputs)
         kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
         self.notes.append((
             "kept", setup.index(r, k), (i, j), _per_example_bytes(kept),
@@ -285,6 +250,7 @@ class WindowEmitter:
             if passes.loss_scale is not None:
                 self._note_scaled(k, i, r, out_scale, came_finite, finite)
         self.flags.append((setup.index(r, k), BACKWARD, (i, j), finite))
+        self.finished = [finite] + grads_w + list(grads_x)
         self.notes.append(("released", setup.index(r, k), (i, j)))
         if k > 0:
             sent = list(grads_x)

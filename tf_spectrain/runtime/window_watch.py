@@ -41,6 +41,7 @@ class WindowWatch:
         self._watchdog = None
         self._counts = None  # the counters' values at the last poll
         self._window = None  # (window, the counters at its start) while one runs
+        self._reading = False  # while stage 0's record says it waits for the data
 
     @contextlib.contextmanager
     def watching(self, watchdog):
@@ -56,8 +57,11 @@ class WindowWatch:
     def reading(self, i):
         """Stage 0's record says it waits for mini-batch i from the data, inside."""
         where = self.where[0]
+        self._reading = True
+        where.at(f"feeding mini-batch {i} to a window")
         where.waits(f"mini-batch {i} from the data")
         yield
+        self._reading = False
         where.runs()
         self.progress.beat()
 
@@ -103,6 +107,8 @@ class WindowWatch:
             done = [c - s for c, s in zip(counts, start)]
             n = self.setup.num_stages
             for index, where in enumerate(self.where):
+                if index == 0 and self._reading:
+                    continue  # `reading` says what stage 0 waits for
                 r, k = divmod(index, n)
                 doing, waiting = window.stage_position(k, done[r * n:(r + 1) * n])
                 if doing != where.doing:

@@ -74,14 +74,15 @@ class Window:
             `(doing, waiting)`: stage k's next pass, e.g. "pass 3 of 8 of the window of
             mini-batches 4-7, the backward of micro-batch 5.0"; and what it waits for, e.g.
             "the gradient of micro-batch 5.0 from stage 2", or None when the neighbour's
-            pass it needs is finished (or is not in this window).
+            pass it needs is finished (or is not in this window); once all its passes
+            here are finished, the other stages.
         """
         passes = [[op for s, op in self.program if s == stage and op.kind != UPDATE]
                   for stage in range(len(done))]
         mine = passes[k]
         span = f"the window of mini-batches {self.first}-{self.stop - 1}"
         if done[k] >= len(mine):
-            return f"its {len(mine)} passes of {span} finished", None
+            return f"its {len(mine)} passes of {span} finished", "the other stages to finish theirs"
         op = mine[done[k]]
         doing = (f"pass {done[k] + 1} of {len(mine)} of {span}, the {op.kind} of micro-batch "
                  f"{op.batch}.{op.micro}")
