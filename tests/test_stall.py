@@ -155,6 +155,25 @@ def test_a_stage_stuck_in_a_layer_ends_fit_with_where_each_stage_is(mode, spe):
     assert np.isfinite(history.history["loss"][0])
 
 
+@pytest.mark.parametrize("spe", [1, 4])
+def test_a_stuck_replica_with_micro_batches_ends_fit(spe):
+    name = gate(after=5)
+    pipe = pipeline(model(name), spe=spe, cuts=["dense0"], replicas=2, micro_batches=2,
+                    schedule="1f1b")
+    x, y = data()
+    try:
+        error, seconds = stalled(lambda: pipe.fit(x, y, batch_size=BATCH, epochs=1,
+                                                  verbose=0))
+        assert seconds < TIMEOUT + MARGIN
+        assert [line.split(": ")[0] for line in error.stages] == [
+            "stage 0 of replica 0 on /CPU:0", "stage 1 of replica 0 on /CPU:1",
+            "stage 0 of replica 1 on /CPU:2", "stage 1 of replica 1 on /CPU:3"]
+        assert any("running for" in line for line in error.stages[1::2]), error.stages
+    finally:
+        release(name, pipe)
+    assert stage_threads() == []
+
+
 @pytest.mark.parametrize("method", ["predict", "evaluate"])
 def test_a_stage_stuck_in_a_layer_ends_predict_and_evaluate(method):
     name = gate(after=2)
