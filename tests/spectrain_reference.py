@@ -580,7 +580,7 @@ def _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad):
 def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, epochs=1,
                     target="paper", micro_batches=1, weight_decay=None, clip=None, pick=min,
                     trace=None, optimizer="sgd", direction="auto", beta_1=0.9, beta_2=0.999,
-                    epsilon=1e-7, amsgrad=False, rho=0.9):
+                    epsilon=1e-7, amsgrad=False, rho=0.9, recut=None):
     """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
 
     Args:
@@ -624,6 +624,10 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         beta_1, beta_2, epsilon, amsgrad: Adam's constants (Keras' defaults); `epsilon` is
             also RMSprop's.
         rho: RMSprop's decay of the squared gradients.
+        recut: None, or `(epoch, new_stage_sizes)`: before that epoch (the pipeline drained)
+            the stages are re-cut as a checkpoint resumed on other stages re-cuts them
+            (docs/SPECTRAIN.md section 6d): every weight keeps its value and slots, and
+            every new stage takes the old last stage's update count.
 
     Returns:
         `(final_params, losses)`: the list of `(W, b)` float64 arrays after training, and the
@@ -651,12 +655,33 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
                 weight_decay=weight_decay, micro_batches=micro_batches, clip=clip)
     losses = []
     for epoch in range(epochs):
+        if recut is not None and epoch == recut[0]:
+            stages = _recut(stages, recut[1])
         if mode == "sync":
             losses += _run_sync_epoch(stages, batches, epoch, opts, trace)
         else:
             losses += _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace)
     final = [w for stage in stages for w in stage.weights]
     return [(final[j], final[j + 1]) for j in range(0, len(final), 2)], losses
+
+
+def _recut(stages, stage_sizes):
+    """New stages of `stage_sizes` layers holding the same weights and slots, each with the
+    last old stage's update count."""
+    fields = ("weights", "momentum", "velocity", "velocity_hat", "last_update")
+    flat = {f: [a for stage in stages for a in getattr(stage, f)] for f in fields}
+    if sum(stage_sizes) * 2 != len(flat["weights"]):
+        raise ValueError(f"`recut` must keep the layers. Received: stage sizes {stage_sizes}")
+    new, start = [], 0
+    for k, size in enumerate(stage_sizes):
+        stage = _Stage(flat["weights"][2 * start:2 * (start + size)],
+                       k == len(stage_sizes) - 1, stages[0].rule)
+        for f in fields:
+            setattr(stage, f, [np.array(a) for a in flat[f][2 * start:2 * (start + size)]])
+        stage.iterations = stages[-1].iterations
+        new.append(stage)
+        start += size
+    return new
 
 
 def make_problem(seed, layer_sizes, num_batches, batch_size):

@@ -11,11 +11,14 @@ of the checkpoint's layout.
 import keras
 import numpy as np
 import pytest
+import spectrain_reference as ref
 from checkpoint_helpers import EPOCHS, assert_same_state, pipeline, state, train
 
 from tf_spectrain import checkpoint as checkpoint_store
 from tf_spectrain.callbacks import PipelineCheckpoint, restore_checkpoint
 from tf_spectrain.checkpoint import layout, store
+from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.prediction import SpecTrainSGD
 
 FOUR, TWO, THREE = ("dense0", "bn", "dense1"), ("bn",), ("dense0", "bn")
 RTOL, ATOL = 1e-5, 1e-6  # float32 sums in other graphs
@@ -120,6 +123,63 @@ def test_an_optimizer_variable_of_no_known_role_stays_at_its_cuts(tmp_path, monk
     with pytest.raises(checkpoint_store.CheckpointError, match="has no known role"):
         restore_checkpoint(other, path)
     assert_same_state(before, state(other))  # nothing was assigned
+
+
+# --- the asynchronous modes against the NumPy reference of SPECTRAIN.md, re-cut -----------
+
+LAYERS, LR, MOMENTUM, NUM_BATCHES, BATCH = [6, 10, 10, 10, 4], 0.2, 0.9, 5, 8
+REF_ATOL = 2e-5  # float32 against float64, as tests/test_pipeline_modes.py
+
+
+def mlp_pipeline(params, stage_sizes, mode, target):
+    inputs = keras.Input((LAYERS[0],))
+    h = inputs
+    for n, (w, _) in enumerate(params):
+        last = n == len(params) - 1
+        h = keras.layers.Dense(w.shape[1], activation=None if last else "relu",
+                               name=f"dense{n}")(h)
+    model = keras.Model(inputs, h)
+    model.set_weights([a.astype("float32") for pair in params for a in pair])
+    cuts = [f"dense{e}" for e in np.cumsum(stage_sizes)[:-1] - 1]
+    pipe = PipelineModel(model, cuts=cuts, mode=mode, spectrain_target=target)
+    pipe.compile(SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return pipe
+
+
+@pytest.mark.parametrize("mode, target, first, then", [
+    ("spectrain", "paper", [1, 1, 1, 1], [2, 2]),
+    ("spectrain", "paper", [2, 2], [1, 1, 1, 1]),
+    ("spectrain", "consistent", [1, 2, 1], [2, 2]),
+    ("stash", "paper", [1, 1, 1, 1], [1, 3]),
+], ids=["spectrain 4->2", "spectrain 2->4", "consistent 3->2", "stash 4->2"])
+def test_async_continuation_on_other_stages_is_the_documented_one(mode, target, first, then,
+                                                                  tmp_path):
+    """SPECTRAIN.md 6d: after the drain, an N'-stage pipeline from the restored state,
+    computed independently by the NumPy reference (re-cut between epochs 1 and 2)."""
+    params, batches = ref.make_problem(7, LAYERS, NUM_BATCHES, BATCH)
+    x = np.concatenate([b[0] for b in batches]).astype("float32")
+    y = np.concatenate([b[1] for b in batches])
+    saved = mlp_pipeline(params, first, mode, target)
+    saved.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[PipelineCheckpoint(tmp_path)])
+    resumed = mlp_pipeline(params, then, mode, target)
+    restore_checkpoint(resumed, checkpoint_store.latest_checkpoint(tmp_path))
+    resumed.fit(x, y, batch_size=BATCH, epochs=3, initial_epoch=1, shuffle=False, verbose=0)
+    got = resumed.model.get_weights()
+
+    def reference(**recut):
+        final, _ = ref.train_reference(params, first, batches, mode=mode, lr=LR,
+                                       momentum=MOMENTUM, epochs=3, target=target, **recut)
+        return [a for pair in final for a in pair]
+
+    def max_diff(a, b):
+        return max(float(np.max(np.abs(np.asarray(p) - np.asarray(q)))) for p, q in zip(a, b))
+
+    assert max_diff(got, reference(recut=(1, then))) < REF_ATOL
+    # ... which is neither uninterrupted run (the tolerance tells them apart)
+    assert max_diff(got, reference()) > 10 * REF_ATOL
+    assert max_diff(got, reference(recut=(0, then))) > 10 * REF_ATOL
 
 
 # --- checkpoints by stage (format version 1), as tf_spectrain wrote them before ----------
