@@ -127,8 +127,12 @@ def prepare(config):
     (data parallelism over all devices with `tf.distribute.MirroredStrategy`, the baseline
     the SpecTrain paper compares against) and the pipelines `sync`, `vanilla`, `stash`,
     `spectrain` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see SPECTRAIN.md). With
-    `resume`, the newest checkpoint is restored (with this run's `--lr`); without it, a
-    checkpoint directory that already holds checkpoints is refused (when checkpoints are on).
+    `resume`, the newest checkpoint is restored (with this run's `--lr`), after a check of
+    its settings that comes before any model is built; a pipeline's is re-cut when this run
+    has other cuts or devices for another number of stages (`--cuts auto` keeps the
+    checkpoint's cuts on as many stages, else plans for this run's devices), and lines say
+    what changed. Without `resume`, a checkpoint directory that already holds checkpoints
+    is refused (when checkpoints are on).
     The model is built for the dataset: `models.get_model(config.model, info.input_shape,
     info.num_classes, **info.model_options())` with `info = data.get_info(config.dataset)`
     (a language model's `num_classes` is its vocabulary; a text classifier also gets
