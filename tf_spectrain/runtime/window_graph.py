@@ -111,7 +111,7 @@ class WindowEmitter:
         # ("kept", runner index, (i, j), bytes per example, fixed bytes, weight copy bytes
         # or None, whether a tape holds its activations) and ("released", index, (i, j)).
         self.notes = []
-        self.finished = []  # the outputs of the pass just emitted (see `_count`)
+        self.finished = None  # a tensor computed once the pass just emitted is (`_count`)
         parts = setup.replicas * setup.micro_batches
         self.inputs = {int(n) + self.base: split_parts(x, parts) for n, x in xs.items()}
         self.labels = {int(n) + self.base: (split_parts(y, parts), batch_size(y))
@@ -140,14 +140,12 @@ class WindowEmitter:
 
     def _count(self, index):
         """Counts a finished pass of runner `index` for the stall watch (in program order:
-        one variable), once its outputs `finished` are computed: through identities, as an
-        edge from an inlined call's output would wait only for the call's side effects."""
-        ready = []
-        for t in self.finished:
-            with tf.device(t.device or None):
-                ready.append(tf.identity(t))
+        one variable), once `finished` is computed: through an identity, as an edge from
+        an inlined call's output would wait only for the call's side effects."""
+        with tf.device(self.finished.device or None):
+            ready = tf.identity(self.finished)
         counter = self.setup.counters[index]
-        with tf.device(counter.device), tf.control_dependencies(ready):
+        with tf.device(counter.device), tf.control_dependencies([ready]):
             counter.assign_add(1)
 
     # --- passes ---------------------------------------------------------------------------
@@ -196,7 +194,7 @@ class WindowEmitter:
                 self.live[("recw" if keep == WEIGHTS else "rec", k, i, j, r)] = record
         self.live[("pen", k, i, j, r)] = penalty
         self.flags.append((setup.index(r, k), FORWARD, (i, j), finite))
-        self.finished = [finite, penalty] + list(outputs)
+        self.finished = finite  # all_finite of every output: computed once all are
         kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
         self.notes.append((
             "kept", setup.index(r, k), (i, j), _per_example_bytes(kept),
@@ -250,7 +248,7 @@ class WindowEmitter:
             if passes.loss_scale is not None:
                 self._note_scaled(k, i, r, out_scale, came_finite, finite)
         self.flags.append((setup.index(r, k), BACKWARD, (i, j), finite))
-        self.finished = [finite] + grads_w + list(grads_x)
+        self.finished = finite  # likewise, of every gradient
         self.notes.append(("released", setup.index(r, k), (i, j)))
         if k > 0:
             sent = list(grads_x)
