@@ -442,3 +442,41 @@ def test_window_stage_position(done, k, expected):
     doing, waiting = window.stage_position(k, list(done))
     assert doing.startswith(expected[0]), doing
     assert waiting == expected[1]
+
+
+def test_after_a_trace_the_first_call_may_build_its_graph():
+    """A trace of t seconds allows `INSTANTIATION_PER_TRACE * t` more until the next beat,
+    and while the thread that traced keeps a CPU busy (building the graph) the watch sees
+    it as alive; a thread that only waits is not."""
+    progress = stall.Progress()
+    seen = {}
+
+    def traced_then(work):
+        progress.attach()
+        with stall.tracing():
+            time.sleep(0.1)
+        seen["allowance"] = progress.allowance
+        work()
+
+    def busy():
+        until = time.thread_time() + 1.2
+        while time.thread_time() < until:
+            pass
+
+    thread = threading.Thread(target=traced_then, args=(busy,))
+    thread.start()
+    time.sleep(0.5)
+    assert progress.still_building(0.2)  # >= 0.1 s of CPU in 0.5 s, even on a busy machine
+    thread.join()
+    assert seen["allowance"] >= stall.INSTANTIATION_PER_TRACE * 0.1
+    assert progress.idle_seconds(progress.last + 0.5) < 0.5 - seen["allowance"] + 1e-9
+
+    waiting = threading.Thread(target=traced_then, args=(lambda: time.sleep(0.8),))
+    waiting.start()
+    time.sleep(0.3)
+    progress.still_building(0.1)  # the first look after its trace
+    time.sleep(0.3)
+    assert not progress.still_building(0.3)
+    waiting.join()
+    progress.beat()
+    assert progress.allowance == 0 and not progress.still_building(0.1)

@@ -9,7 +9,11 @@ hand-off wake at once.
 
 The clock stops while nothing is owed by the stages: while the caller's thread runs the
 Keras callbacks (`Progress.paused`) and while a graph function is being traced (`tracing`,
-which `runtime.graphs.graph_function` enters in every traced body).
+which `runtime.graphs.graph_function` enters in every traced body). After a trace, the
+first call builds the graph (TensorFlow optimises and places it in the calling thread: a
+window of resnet50's stages took about a minute here, 7-15 times its trace): while that
+thread keeps a CPU busy the clock stops too (Linux; elsewhere the first call gets
+`INSTANTIATION_PER_TRACE` times the trace's duration more).
 
 TensorFlow cannot cancel an op that runs (a `py_function` that sleeps, a collective whose
 peer is gone): a thread inside one stays there. `join_or_leave` leaves such a thread behind
@@ -18,6 +22,7 @@ returned, since it would still change their weights when it does. Pure Python.
 """
 
 import contextlib
+import os
 import threading
 import time
 
@@ -117,6 +122,8 @@ class Progress:
     def __init__(self):
         self.records = []
         self.last = time.monotonic()
+        self.allowance = 0.0  # extra seconds until the next beat (see `tracing`)
+        self._building = {}  # native thread id -> its CPU seconds at the last look
         self._pauses = 0
         self._lock = threading.Lock()
 
@@ -129,6 +136,35 @@ class Progress:
     def beat(self):
         """A pass finished (or something else showed the run is alive)."""
         self.last = time.monotonic()
+        self.allowance = 0.0
+        self._building = {}
+
+    def building(self):
+        """The calling thread has traced a graph function: until the next beat, while it
+        keeps a CPU busy it is building that graph (see `still_building`)."""
+        tid = threading.get_native_id()
+        cpu = _thread_cpu_seconds(tid)
+        if cpu is not None:
+            building = dict(self._building)  # the watch iterates over the old one
+            building[tid] = cpu
+            self._building = building
+
+    def still_building(self, seconds):
+        """Whether a thread that traced has used at least half of the last `seconds` of
+        CPU time (TensorFlow optimising and placing the new graph, on its first call, in
+        the calling thread); a run that computes waits in that thread instead."""
+        busy = False
+        for tid, before in list(self._building.items()):
+            now = _thread_cpu_seconds(tid)
+            if now is None:
+                continue
+            busy = busy or now - before >= 0.5 * seconds
+            self._building[tid] = now
+        return busy
+
+    def allow(self, seconds):
+        """Gives the work until the next beat `seconds` more than the timeout."""
+        self.allowance = max(self.allowance, seconds)
 
     @contextlib.contextmanager
     def paused(self):
@@ -143,8 +179,8 @@ class Progress:
             self.beat()
 
     def idle_seconds(self, now):
-        """Seconds since the last beat, 0 while paused."""
-        return 0.0 if self._pauses else now - self.last
+        """Seconds since the last beat, less the allowance; 0 while paused."""
+        return 0.0 if self._pauses else now - self.last - self.allowance
 
     def attach(self):
         """Makes this the calling thread's progress, paused by `tracing` in that thread."""
@@ -156,15 +192,35 @@ class Progress:
         _local.progress = None
 
 
+INSTANTIATION_PER_TRACE = 10.0
+"""After a trace of t seconds, the first pass may take `INSTANTIATION_PER_TRACE * t` more:
+TensorFlow optimises and places a graph on its first call, which takes longer the larger
+the graph, as its trace does."""
+
+
 @contextlib.contextmanager
 def tracing():
-    """Stops the calling thread's run's clock while a graph function is traced."""
+    """Stops the calling thread's run's clock while a graph function is traced, and allows
+    the first call that follows time to build the graph (`INSTANTIATION_PER_TRACE`)."""
     progress = getattr(_local, "progress", None)
     if progress is None:
         yield
         return
+    started = time.monotonic()
     with progress.paused():
         yield
+    progress.allow(INSTANTIATION_PER_TRACE * (time.monotonic() - started))
+    progress.building()
+
+
+def _thread_cpu_seconds(native_id):
+    """The CPU seconds a thread of this process has used (Linux), or None elsewhere."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 class StallWatch:
@@ -186,6 +242,7 @@ class StallWatch:
         self.progress, self.timeout, self.on_stall = progress, timeout, on_stall
         self.label, self.poll = label, poll
         self.error = None
+        self._looked = time.monotonic()
         self._stop = threading.Event()
         self._thread = None
 
@@ -209,6 +266,9 @@ class StallWatch:
             if self.poll is not None and self.poll():
                 self.progress.beat()
             now = time.monotonic()
+            if self.progress.still_building(now - self._looked):
+                self.progress.last = now  # not a beat: the graph is still being built
+            self._looked = now
             if self.progress.idle_seconds(now) > self.timeout:
                 self.error = self._stalled(now)
                 self.on_stall(self.error)

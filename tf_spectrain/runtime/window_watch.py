@@ -86,7 +86,11 @@ class WindowWatch:
             return None
 
         left = []
-        self._window = (window, [int(c.numpy()) for c in self.setup.counters])
+        start = [int(c.numpy()) for c in self.setup.counters]
+        # The passes of the window before, counted after the last poll, are no progress of
+        # this window's (a beat would end the allowance of its first call; see `tracing`).
+        self._counts = start
+        self._window = (window, start)
         try:
             return watched_call(attached, abandon, "tf_spectrain-window", _WAIT_SLICE,
                                 left=left)
