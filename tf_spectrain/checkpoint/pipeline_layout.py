@@ -139,7 +139,7 @@ def assignments(pipe, arrays, saved, path):
                     f"into the checkpoint's cuts {saved.get('cuts')}. Received: cuts="
                     f"{pipe.cuts}"
                 )
-            found.append((v, _checked(arrays, key, v, path)))
+            found.append((v, checked_array(arrays, key, v, path)))
             used.add(key)
     extra = sorted(k for k in arrays if k.startswith("model/") and k not in used)
     if extra:
@@ -151,8 +151,12 @@ def assignments(pipe, arrays, saved, path):
     return found
 
 
-def _checked(arrays, key, variable, path):
-    """The array of `key`, refused when missing or of another shape than `variable`."""
+def checked_array(arrays, key, variable, path):
+    """The array of `key` in checkpoint `path`'s `arrays`, for `variable`.
+
+    Raises:
+        CheckpointError: it is missing, or has another shape than `variable`.
+    """
     if key not in arrays:
         raise CheckpointError(
             f"Checkpoint {path} has no value for {key} ({variable.path}): it was written by "

@@ -251,19 +251,8 @@ def _keras_assignments(trainer, arrays, path):
     assignments = []
     for prefix, variables in parts:
         for j, v in enumerate(variables):
-            key = f"{prefix}/{j}"
-            if key not in arrays:
-                raise CheckpointError(
-                    f"Checkpoint {path} has no value for {key} ({v.path}): it was written by "
-                    "a different model or optimizer."
-                )
-            value = arrays[key]
-            if tuple(value.shape) != tuple(v.shape):
-                raise CheckpointError(
-                    f"Checkpoint {path}: {key} ({v.path}) has shape {tuple(value.shape)} but "
-                    f"this model's variable has shape {tuple(v.shape)}."
-                )
-            assignments.append((v, value))
+            assignments.append((v, pipeline_layout.checked_array(arrays, f"{prefix}/{j}", v,
+                                                                 path)))
     expected = {f"{prefix}/{j}" for prefix, vs in parts for j in range(len(vs))}
     extra = sorted(set(arrays) - expected)
     if extra:
