@@ -10,10 +10,9 @@ at each epoch's end. What turning it on changes is therefore measured in two pai
 
 - `spe=1 off` / `spe=1 on`: both pass by pass (`steps_per_execution=1`): the cost of the
   callback itself (its per-batch hooks and the epoch-end conversion and JSON write).
-- `auto off` / `auto on`: the default `steps_per_execution="auto"`, where the trace asks
-  `fit` to run pass by pass instead of in windows of 8 (`PipelineTrace(pass_by_pass=True)`):
-  the price of having per-pass times at all. (`pass_by_pass=False` keeps the windows, and
-  the trace then has only window slices.)
+- `auto off` / `auto on`: the default `steps_per_execution="auto"` (windows of 8), where
+  the trace asks the window graphs to take the time each pass ends
+  (`PipelineTrace(pass_times=True)`): the price of per-pass times in windows.
 
 One process builds one pipeline per configuration (same model, cuts and data), then warms
 each up with two epoch-long fits, then times one epoch-long `fit` of each configuration per round,

@@ -235,8 +235,26 @@ def test_micro_batches_recompute_and_a_window_of_batches(tmp_path):
     assert callback.stage_stats[-1][1]["device"] == pipe.state.devices[1]
 
 
-def test_windows_give_window_slices_and_plain_models_nothing(tmp_path):
-    callback = PipelineTrace(tmp_path)
+def test_windows_time_every_pass_for_the_trace(tmp_path):
+    """In windows of 4 (the four_stages fixture runs "auto": 8) each pass is timed inside
+    the graph: the same slices as pass by pass, in each stage's order, never overlapping."""
+    callback, by_pass = PipelineTrace(tmp_path / "w"), PipelineTrace(tmp_path / "p")
+    pipe = fit([callback], steps_per_execution=4, mode="stash")
+    fit([by_pass], steps_per_execution=1, mode="stash")
+    trace = callback.last_trace
+    check_format(trace, 4, pipe.state.devices)
+    for k in range(4):
+        names = [e["name"] for e in slices(trace, k, "pass")]
+        assert names == [e["name"] for e in slices(by_pass.last_trace, k, "pass")]
+        assert len(names) == len(pipe.state.op_lists(8)[k])
+        events = slices(trace, k)
+        for before, after in zip(events, events[1:]):
+            assert after["ts"] == pytest.approx(before["ts"] + before["dur"], abs=2e-3)
+    assert 0 < callback.stage_stats[-1][0]["busy_fraction"] <= 1
+
+
+def test_untimed_windows_give_window_slices_and_plain_models_nothing(tmp_path):
+    callback = PipelineTrace(tmp_path, pass_times=False)
     fit([callback], steps_per_execution=4)
     trace = callback.last_trace
     assert [e["name"] for e in slices(trace)] == ["mini-batches 0-3", "mini-batches 4-7"]

@@ -257,10 +257,13 @@ def test_window_size_auto_follows_the_callbacks(tmp_path):
     epochs = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
     assert loop.window_size("auto", [epochs]) == loop.AUTO_WINDOW
     assert loop.window_size(4, [Calls()]) == 4  # asked for: per window, as Keras does
+    # A trace keeps the windows: they time each pass for it.
     traced = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace")
-    assert loop.window_size("auto", keras_own + [traced]) == 1  # it needs per-pass times
-    untimed = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace", pass_by_pass=False)
+    assert loop.window_size("auto", keras_own + [traced]) == loop.AUTO_WINDOW
+    assert loop.pass_times(keras_own + [traced]) and not loop.pass_times(keras_own)
+    untimed = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace", pass_times=False)
     assert loop.window_size("auto", [untimed]) == loop.AUTO_WINDOW
+    assert not loop.pass_times([untimed])
     assert loop.window_size(4, [traced]) == 4
 
 

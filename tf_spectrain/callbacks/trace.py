@@ -43,12 +43,13 @@ class PipelineTrace(keras.callbacks.Callback):
     one pass, so its slice is named `backward 3.0 (recomputes)`, not split in two. With
     `replicas`, the tracks are those of replica 0 (the copies run the same op lists).
 
-    Windows (`steps_per_execution = K > 1`) run every pass of K mini-batches in one graph
-    call, with no per-pass times. With `steps_per_execution="auto"` (the default) and
-    `pass_by_pass=True`, this callback therefore asks `fit` to run pass by pass, as a
-    callback with per-batch hooks does: that, not the trace, changes the step time (the
-    passes are timed whether or not it is on; reading them costs only at the epoch's end).
-    With an explicit K > 1 the trace has one slice per window instead.
+    Pass by pass the stages time every pass whether or not a trace is on. Windows
+    (`steps_per_execution = K > 1`, and "auto") run every pass of K mini-batches in one
+    graph call; with `pass_times=True` this callback asks them (`needs_pass_times`) to
+    take the time each pass ends inside the graph, and each slice then starts when the
+    stage's previous pass ended or, if later, when the neighbour's pass it takes its input
+    from ended (waiting on the host between windows shows as `host`). With
+    `pass_times=False` windows have one slice per window.
 
     Args:
         path: a directory, for one file per epoch (`trace_epoch_<epoch>.json`), or a file
@@ -56,7 +57,7 @@ class PipelineTrace(keras.callbacks.Callback):
             it).
         batches: None for every mini-batch, or `(start, stop)`: only the passes of
             mini-batches `start..stop-1` of each epoch, over the time they span.
-        pass_by_pass: with `steps_per_execution="auto"`, run pass by pass (see above).
+        pass_times: whether windows time each pass (see above).
 
     Attributes:
         paths: the files written so far.
@@ -72,7 +73,7 @@ class PipelineTrace(keras.callbacks.Callback):
             `(start, stop)` with `0 <= start < stop`.
     """
 
-    def __init__(self, path, batches=None, pass_by_pass=True):
+    def __init__(self, path, batches=None, pass_times=True):
         super().__init__()
         path = checks.check_path("path", path)
         if path.endswith(".json"):
@@ -81,10 +82,10 @@ class PipelineTrace(keras.callbacks.Callback):
         else:
             self._template = os.path.join(checks.check_writable_dir("path", path), _FILE)
         self.batches = _check_batches(batches)
-        checks.check_bool("pass_by_pass", pass_by_pass)
-        self.pass_by_pass = pass_by_pass
-        # Read by `fit` (`runtime.loop.window_size`): under "auto", run pass by pass.
-        self.needs_pass_times = pass_by_pass
+        checks.check_bool("pass_times", pass_times)
+        self.pass_times = pass_times
+        # Read by `fit` (`runtime.loop.pass_times`): windows then time each pass.
+        self.needs_pass_times = pass_times
         self.state = None
         self.paths, self.stage_stats = [], []
         self.last_trace = None

@@ -66,16 +66,21 @@ def window_size(setting, callbacks):
     Returns:
         The int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own
         has per-batch hooks (then 1: each mini-batch its own call, so those hooks see
-        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`),
-        or a callback asks for each pass's times (`needs_pass_times = True`, as
-        `callbacks.PipelineTrace` does; windows have none): then 1 too.
+        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`).
+        A callback that asks for each pass's times (`needs_pass_times = True`, as
+        `callbacks.PipelineTrace` does) gets them from the window graphs (`pass_times`).
     """
     if setting != AUTO:
         return int(setting)
-    if any(_per_batch(c) or getattr(c, "needs_pass_times", False) is True
-           for c in callbacks or ()):
+    if any(_per_batch(c) for c in callbacks or ()):
         return 1
     return AUTO_WINDOW
+
+
+def pass_times(callbacks):
+    """Whether any of `callbacks` asks for each pass's times (`needs_pass_times = True`):
+    then the window graphs take them too (`WindowedEpoch(timed=True)`)."""
+    return any(getattr(c, "needs_pass_times", False) is True for c in callbacks or ())
 
 
 def keep_rules(plans, lists, recompute="auto"):
@@ -285,7 +290,8 @@ class FitLoop:
             self.num_batches, self.window, report_stage,
         )
         run = WindowedEpoch(pipe.window_functions(self.logs), windows, batches, rules, label,
-                            stall_timeout=pipe.stall_timeout)
+                            stall_timeout=pipe.stall_timeout,
+                            timed=pass_times(self.callbacks.callbacks))
 
         def on_window(window, losses):
             self.logs.record_window(epoch, window.reported, losses, run.sizes, self.on_nan)

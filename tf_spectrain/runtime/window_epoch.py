@@ -9,6 +9,7 @@ which runs the Keras callbacks once per window, as `keras.Model.fit` does with
 """
 
 import threading
+import time
 
 import tensorflow as tf
 
@@ -74,25 +75,27 @@ class WindowFunctions:
         self.setup = setup
         self._cache = {}
 
-    def get(self, window, keeps, with_rates):
+    def get(self, window, keeps, with_rates, timed=False):
         """The graph function of `window` and the trace's notes (see `WindowEmitter`).
 
         Returns:
             `(function, notes, base)`: `function(xs, ys, rates, carried)` returns a dict
-            with `carried`, `losses` and `flags`; `notes` is the list
+            with `carried`, `losses`, `flags` and `times` (each pass's end with `timed`,
+            else empty); `notes` is the list
             `WindowEmitter.notes`, filled when the function is first traced, for the
             window whose first reported mini-batch is `base`.
         """
         base = window.first
         skips = tuple(r.skip_non_finite for r in self.setup.runners)
         relative = tuple(sorted(((k, i - base, j), keep) for (k, i, j), keep in keeps.items()))
-        key = (window.shape(), relative, with_rates, skips)
+        key = (window.shape(), relative, with_rates, skips, timed)
         entry = self._cache.get(key)
         if entry is None:
             notes = []
 
             def body(xs, ys, rates, carried):
-                emitter = WindowEmitter(self.setup, window, keeps, xs, ys, rates, carried)
+                emitter = WindowEmitter(self.setup, window, keeps, xs, ys, rates, carried,
+                                        timed)
                 outputs = emitter.emit()
                 notes[:] = emitter.notes
                 return outputs
@@ -143,10 +146,12 @@ class WindowedEpoch:
         rules: each stage's keep rule (`runtime.loop.keep_rules`).
         label: names the epoch in error notes, e.g. "epoch 3".
         stall_timeout: seconds, or None never to stop.
+        timed: whether the window graphs time each pass, for the runners' timelines
+            (`_timelines`; a trace asks for them), as the stage threads do.
     """
 
     def __init__(self, functions, windows, batches, rules, label=None,
-                 stall_timeout=stall.DEFAULT_TIMEOUT):
+                 stall_timeout=stall.DEFAULT_TIMEOUT, timed=False):
         self.functions = functions
         self.setup = functions.setup
         self.windows = windows
@@ -160,6 +165,7 @@ class WindowedEpoch:
         self._watchdog = None
         self._passes = 0  # passes reported so far (orders `runner.events`)
         self.watch = WindowWatch(self.setup, stall_timeout, label)
+        self.timed = timed
 
     @property
     def fed(self):
@@ -223,11 +229,13 @@ class WindowedEpoch:
         if with_rates:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
-        function, notes, traced_base = self.functions.get(window, keeps, with_rates)
+        function, notes, traced_base = self.functions.get(window, keeps, with_rates, self.timed)
+        started = []
 
         def work():
             xs = {str(i - base): self._feed(i) for i in window.fed}
             ys = {str(i - base): self._labels.pop(i) for i in window.reported}
+            started.append(time.perf_counter())
             return _read(function(xs, ys, rates, carried))
 
         try:
@@ -236,6 +244,8 @@ class WindowedEpoch:
             self._add_note(error, window)
             raise
         self._note(window, outputs["flags"], notes, base - traced_base)
+        if self.timed:
+            self._timelines(notes, outputs["times"], base - traced_base, started[0])
         for k, op in window.program:
             if k == 0 and op.kind == UPDATE:  # mini-batch i's last update
                 self._rates.pop(op.batch, None)
@@ -312,6 +322,8 @@ class WindowedEpoch:
         for index, event in firsts.items():
             runners[index].events.append(event)
         for note in notes:
+            if note[0] == "timed":
+                continue
             if note[0] == "kept":
                 _, index, (i, j), per_example, fixed, weights, tape = note
                 runner = runners[index]
@@ -328,6 +340,27 @@ class WindowedEpoch:
             for r in range(setup.replicas):
                 setup.grid[r][k].note_updates(count)
 
+    def _timelines(self, notes, times, shift, started):
+        """Adds the window's passes to their runners' timelines, `(kind, key, start, end)`
+        in `time.perf_counter` seconds: each ended at its time; each started when the
+        stage's previous pass ended (or the graph call began) or, if later, when the pass
+        it takes its input from ended (the neighbour's forward or backward)."""
+        setup = self.setup
+        offset = time.perf_counter() - time.time()  # tf.timestamp is time.time's clock
+        ends, last = {}, {}
+        timed = [note[1:] for note in notes if note[0] == "timed"]
+        for (index, kind, (i, j)), stamp in zip(timed, times, strict=True):
+            key, end = (i + shift, j), float(stamp) + offset
+            r, k = divmod(index, setup.num_stages)
+            start = last.get(index, started)
+            source = k - 1 if kind == FORWARD else k + 1 if kind == BACKWARD else None
+            if source is not None and 0 <= source < setup.num_stages:
+                start = max(start, ends.get((setup.index(r, source), kind, key), start))
+            start = min(start, end)
+            ends[(index, kind, key)], last[index] = end, end
+            setup.runners[index].timeline.append(
+                (kind, None if kind == UPDATE else key, start, end))
+
     def _examples(self, i, j, r):
         """The examples of replica r's micro-batch j of mini-batch i."""
         parts = self.setup.replicas * self.setup.micro_batches
@@ -337,8 +370,9 @@ class WindowedEpoch:
 
 
 def _read(outputs):
-    """The outputs with the losses and flags read to the host (one wait for the window)."""
+    """The outputs with the losses, flags and times read to the host (one wait for the
+    window)."""
     outputs = dict(outputs)
-    outputs["losses"] = outputs["losses"].numpy()
-    outputs["flags"] = outputs["flags"].numpy()
+    for name in ("losses", "flags", "times"):
+        outputs[name] = outputs[name].numpy()
     return outputs

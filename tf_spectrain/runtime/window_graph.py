@@ -94,9 +94,10 @@ class WindowEmitter:
         xs, ys: `{name: batch}` of the fed inputs and the reported labels.
         rates: `{name: learning rate}` of the mini-batches updated here, or None.
         carried: `{name: value}` carried in from the previous window.
+        timed: whether the graph also returns when each pass ended (`times`, see `_count`).
     """
 
-    def __init__(self, setup, window, keeps, xs, ys, rates, carried):
+    def __init__(self, setup, window, keeps, xs, ys, rates, carried, timed=False):
         self.setup = setup
         self.window = window
         self.keeps = keeps
@@ -112,6 +113,7 @@ class WindowEmitter:
         # or None, whether a tape holds its activations) and ("released", index, (i, j)).
         self.notes = []
         self.finished = None  # a tensor computed once the pass just emitted is (`_count`)
+        self.timed, self.times = timed, []  # with `timed`: each pass's end, in program order
         parts = setup.replicas * setup.micro_batches
         self.inputs = {int(n) + self.base: split_parts(x, parts) for n, x in xs.items()}
         self.labels = {int(n) + self.base: (split_parts(y, parts), batch_size(y))
@@ -128,25 +130,45 @@ class WindowEmitter:
                         self._backward(k, op.batch, op.micro, r)
                     else:
                         self._update(k, op.batch)
+                        self._time_update(k, op.batch)
                         continue
-                    self._count(self.setup.index(r, k))
+                    self._count(self.setup.index(r, k), op.kind, (op.batch, op.micro))
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
         # Named from the next window's first mini-batch, which reads them.
         carried = {encode(key, self.window.stop): value for key, value in self.live.items()}
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
-        return {"carried": carried, "losses": losses, "flags": flags}
+        times = tf.stack(self.times) if self.times else tf.zeros((0,), tf.float64)
+        return {"carried": carried, "losses": losses, "flags": flags, "times": times}
 
-    def _count(self, index):
+    def _count(self, index, kind, key):
         """Counts a finished pass of runner `index` for the stall watch (in program order:
         one variable), once `finished` is computed: through an identity, as an edge from
-        an inlined call's output would wait only for the call's side effects."""
+        an inlined call's output would wait only for the call's side effects. With
+        `timed`, also takes the time then, noted `("timed", index, kind, key)`."""
         with tf.device(self.finished.device or None):
             ready = tf.identity(self.finished)
         counter = self.setup.counters[index]
         with tf.device(counter.device), tf.control_dependencies([ready]):
             counter.assign_add(1)
+            if self.timed:
+                self.times.append(tf.timestamp())
+                self.notes.append(("timed", index, kind, key))
+
+    def _time_update(self, k, i):
+        """With `timed`, the time stage k's update of i ended (a read of a weight, ordered
+        after the update), unless updates wait for every stage (then not timed)."""
+        if not self.timed or self.setup.waits_for_all_stages:
+            return
+        for r in range(self.setup.replicas):
+            runner = self.setup.grid[r][k]
+            if runner.passes.tf_trainable:
+                with tf.device(runner.device):
+                    read = tf.identity(runner.passes.tf_trainable[0])
+                with tf.device(self.setup.counters[0].device), tf.control_dependencies([read]):
+                    self.times.append(tf.timestamp())
+                self.notes.append(("timed", self.setup.index(r, k), UPDATE, (i, None)))
 
     # --- passes ---------------------------------------------------------------------------
 
