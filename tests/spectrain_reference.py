@@ -47,20 +47,21 @@ import collections
 
 import numpy as np
 
-MODES = ("sync", "vanilla", "stash", "spectrain")
+MODES = ("sync", "vanilla", "stash", "spectrain", "nesterov")
 TARGETS = ("paper", "consistent")
-OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "nadam")
 DIRECTIONS = ("auto", "last_update")
 
 Rule = collections.namedtuple(
-    "Rule", ["optimizer", "direction", "beta_1", "beta_2", "epsilon", "amsgrad", "rho"],
-    defaults=("sgd", "auto", 0.9, 0.999, 1e-7, False, 0.9),
+    "Rule", ["optimizer", "direction", "beta_1", "beta_2", "epsilon", "amsgrad", "rho",
+             "momentum_decay"],
+    defaults=("sgd", "auto", 0.9, 0.999, 1e-7, False, 0.9, 1.0),
 )
 Rule.__doc__ = """A stage optimizer's kind and constants (Keras' defaults), and its prediction rule.
 
 Fields: `optimizer` in OPTIMIZERS; `direction` "auto" (section 6c's rule for the optimizer)
 or "last_update"; Adam's `beta_1`, `beta_2`, `epsilon`, `amsgrad`; RMSprop's `rho` (and
-`epsilon`).
+`epsilon`); NAdam's `momentum_decay` (1.0: Keras' Nadam; 0.004: PyTorch's NAdam).
 """
 
 Event = collections.namedtuple(
@@ -244,6 +245,9 @@ class _Stage:
         self.rule = rule or Rule()
         self.updates = 0  # updates finished in the current epoch
         self.iterations = 0  # updates finished in the whole run (Keras' `iterations`)
+        # Mode "nesterov" (SPECTRAIN.md 6e): Nesterov steps with this stage's coefficient.
+        self.nesterov, self.coefficient = False, None
+        self.u_product = 1.0  # NAdam's running product of its momentum schedule
 
     def predicted(self, gap, lr=None, weight_decay=None):
         """Returns `cur + gap * d` as new arrays (copies of `cur` when gap is 0).
@@ -289,7 +293,10 @@ class _Stage:
             grads = [np.clip(g, -clip[1], clip[1]) for g in grads]
         before = [np.array(w) for w in self.weights]
         if self.rule.optimizer == "sgd":
-            self._sgd_step(grads, lr, momentum, weight_decay)
+            mu = momentum if self.coefficient is None else self.coefficient
+            self._sgd_step(grads, lr, mu, weight_decay)
+        elif self.rule.optimizer == "nadam" or self.nesterov:
+            self._nadam_step(grads, lr, weight_decay)
         elif self.rule.optimizer == "rmsprop":
             self._rmsprop_step(grads, lr, weight_decay)
         else:
@@ -300,14 +307,32 @@ class _Stage:
         self.iterations += 1
 
     def _sgd_step(self, grads, lr, momentum, weight_decay):
-        """Keras SGD (nesterov off), decoupled weight decay first."""
+        """Keras SGD (Nesterov's step in mode "nesterov"), decoupled weight decay first."""
         for w, m, g in zip(self.weights, self.momentum, grads):
             if weight_decay is not None:
                 w -= w * weight_decay * lr
             # SPECTRAIN.md's rule, literally, also at momentum 0: the buffer then holds the
             # last step (-lr * g), so one predicted step still equals one real step.
             m[...] = m * momentum - g * lr
-            w += m
+            w += m * momentum - g * lr if self.nesterov else m
+
+    def _nadam_step(self, grads, lr, weight_decay):
+        """NAdam as Keras' Nadam writes it, with the schedule
+        `mu_t = beta_1 (1 - 0.5 * 0.96^(momentum_decay * t))`; decoupled weight decay first."""
+        rule, t = self.rule, self.iterations + 1
+        beta_1 = rule.beta_1 if self.coefficient is None else self.coefficient
+        mu_t = beta_1 * (1 - 0.5 * 0.96 ** (rule.momentum_decay * t))
+        mu_next = beta_1 * (1 - 0.5 * 0.96 ** (rule.momentum_decay * (t + 1)))
+        self.u_product *= mu_t
+        product, product_next = self.u_product, self.u_product * mu_next
+        for w, m, v, g in zip(self.weights, self.momentum, self.velocity, grads):
+            if weight_decay is not None:
+                w -= w * weight_decay * lr
+            m += (g - m) * (1 - beta_1)
+            v += (g * g - v) * (1 - rule.beta_2)
+            m_hat = mu_next * m / (1 - product_next) + (1 - mu_t) * g / (1 - product)
+            v_hat = v / (1 - rule.beta_2 ** t)
+            w -= m_hat * lr / (np.sqrt(v_hat) + rule.epsilon)
 
     def _adam_step(self, grads, lr, weight_decay):
         """Keras Adam (adam.py's update_step), decoupled weight decay first (AdamW)."""
@@ -340,7 +365,8 @@ class _Stage:
 def _weights_for(opts, stage, k, num_stages, kind, stashed):
     """The weights a pass uses, per the mode table of SPECTRAIN.md section 4."""
     mode, target = opts["mode"], opts["target"]
-    if kind == "B" and (mode == "stash" or (mode == "spectrain" and target == "consistent")):
+    stashing = mode in ("stash", "nesterov") or (mode == "spectrain" and target == "consistent")
+    if kind == "B" and stashing:
         return stashed
     if mode == "spectrain":
         s_f, s_b = version_gaps(num_stages, k, target)
@@ -348,6 +374,14 @@ def _weights_for(opts, stage, k, num_stages, kind, stashed):
         return stage.predicted(s_f if kind == "F" else s_b, _rate(opts, stage.iterations),
                                opts["weight_decay"])
     return stage.predicted(0)  # vanilla, stash forward: the current weights
+
+
+def nesterov_coefficient(base, k, num_stages):
+    """Stage k's momentum (SGD) or `beta_1` (NAdam) in mode "nesterov" (SPECTRAIN.md 6e):
+    `base + s_k (0.99 - base) / N` with the delay `s_k = N - 1 - k`; `base` from 0.99 up."""
+    if base >= 0.99:
+        return base
+    return base + (num_stages - 1 - k) * (0.99 - base) / num_stages
 
 
 def _record(trace, epoch, k, kind, i, stage, weights, micro=0):
@@ -580,7 +614,7 @@ def _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad):
 def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, epochs=1,
                     target="paper", micro_batches=1, weight_decay=None, clip=None, pick=min,
                     trace=None, optimizer="sgd", direction="auto", beta_1=0.9, beta_2=0.999,
-                    epsilon=1e-7, amsgrad=False, rho=0.9, recut=None):
+                    epsilon=1e-7, amsgrad=False, rho=0.9, recut=None, momentum_decay=1.0):
     """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
 
     Args:
@@ -589,7 +623,10 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
             its sum is the number of layers.
         batches: list of `(x, y)` mini-batches, x float (B, in), y int (B,), replayed in the
             same order every epoch.
-        mode: "sync", "vanilla", "stash" or "spectrain".
+        mode: "sync", "vanilla", "stash", "spectrain" or "nesterov" (SPECTRAIN.md 6e: the
+            weights of "stash"; each stage's optimizer takes Nesterov's step, SGD's
+            `nesterov=True` or NAdam for "adam"/"adamw", with its momentum or `beta_1`
+            raised by its delay, `nesterov_coefficient`).
         lr: learning rate, or a function of the step (the mini-batch's index counted over
             all epochs) giving the learning rate of that mini-batch's updates.
         momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`);
@@ -624,6 +661,9 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         beta_1, beta_2, epsilon, amsgrad: Adam's constants (Keras' defaults); `epsilon` is
             also RMSprop's.
         rho: RMSprop's decay of the squared gradients.
+        momentum_decay: NAdam's (optimizer "nadam", or "adam"/"adamw" in mode "nesterov"):
+            the schedule `mu_t = beta_1 (1 - 0.5 * 0.96^(momentum_decay * t))`; 1.0 is
+            Keras' Nadam, 0.004 PyTorch's NAdam (the paper's code).
         recut: None, or `(epoch, new_stage_sizes)`: before that epoch (the pipeline drained)
             the stages are re-cut as a checkpoint resumed on other stages re-cuts them
             (docs/SPECTRAIN.md section 6d): every weight keeps its value and slots, and
@@ -640,7 +680,7 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
     _check_arguments(params, stage_sizes, batches, mode, target, micro_batches, epochs,
                      momentum)
     _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad)
-    rule = Rule(optimizer, direction, beta_1, beta_2, epsilon, amsgrad, rho)
+    rule = Rule(optimizer, direction, beta_1, beta_2, epsilon, amsgrad, rho, momentum_decay)
     if clip is not None and clip[0] == "global_clipnorm" and mode != "sync":
         raise ValueError(f"`global_clipnorm` needs mode 'sync'. Received: mode={mode!r}")
     batches = [(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64))
@@ -651,6 +691,17 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         stages.append(_Stage(flat[2 * start:2 * (start + size)], k == len(stage_sizes) - 1,
                              rule))
         start += size
+    if optimizer == "nadam" and mode == "spectrain":
+        raise ValueError("optimizer 'nadam' has no prediction rule (mode 'spectrain'). "
+                         f"Received: optimizer={optimizer!r}, mode={mode!r}")
+    if mode == "nesterov":
+        if optimizer not in ("sgd", "adam", "adamw"):
+            raise ValueError("mode 'nesterov' takes optimizer 'sgd', 'adam' or 'adamw'. "
+                             f"Received: optimizer={optimizer!r}")
+        base = momentum if optimizer == "sgd" else beta_1
+        for k, stage in enumerate(stages):
+            stage.nesterov = True
+            stage.coefficient = nesterov_coefficient(base, k, len(stages))
     opts = dict(mode=mode, target=target, lr=lr, momentum=momentum,
                 weight_decay=weight_decay, micro_batches=micro_batches, clip=clip)
     losses = []
@@ -678,7 +729,7 @@ def _recut(stages, stage_sizes):
                        k == len(stage_sizes) - 1, stages[0].rule)
         for f in fields:
             setattr(stage, f, [np.array(a) for a in flat[f][2 * start:2 * (start + size)]])
-        stage.iterations = stages[-1].iterations
+        stage.iterations, stage.u_product = stages[-1].iterations, stages[-1].u_product
         new.append(stage)
         start += size
     return new
