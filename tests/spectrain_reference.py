@@ -47,7 +47,7 @@ import collections
 
 import numpy as np
 
-MODES = ("sync", "vanilla", "stash", "spectrain", "nesterov")
+MODES = ("sync", "vanilla", "stash", "spectrain", "nesterov", "2bw")
 TARGETS = ("paper", "consistent")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "nadam")
 DIRECTIONS = ("auto", "last_update")
@@ -365,7 +365,8 @@ class _Stage:
 def _weights_for(opts, stage, k, num_stages, kind, stashed):
     """The weights a pass uses, per the mode table of SPECTRAIN.md section 4."""
     mode, target = opts["mode"], opts["target"]
-    stashing = mode in ("stash", "nesterov") or (mode == "spectrain" and target == "consistent")
+    stashing = (mode in ("stash", "nesterov", "2bw")
+                or (mode == "spectrain" and target == "consistent"))
     if kind == "B" and stashing:
         return stashed
     if mode == "spectrain":
@@ -406,6 +407,7 @@ def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
     grads_in = [dict() for _ in range(num_stages)]  # d_k(i, j), from stage k + 1
     stashed = [dict() for _ in range(num_stages)]  # forward weights, where B reuses them
     sums = [dict() for _ in range(num_stages)]  # gradient of B(i), summed over micro-batches
+    groups = [[] for _ in range(num_stages)]  # 2bw: the gradients of the group so far
     losses = [0.0] * num_batches
     inputs[0] = {(i, j): part[0] for i in range(num_batches) for j, part in enumerate(parts[i])}
     for stage in stages:
@@ -457,7 +459,14 @@ def _run_pipeline_epoch(stages, batches, epoch, opts, pick, trace):
         if j < num_micro - 1:
             continue
         del stashed[k][i]
-        stage.apply(sums[k].pop(i), _rate(opts, epoch * num_batches + i), opts["momentum"],
+        grads = sums[k].pop(i)
+        if opts["mode"] == "2bw":  # SPECTRAIN.md 6e: the mean of A mini-batches' gradients
+            groups[k].append(grads)
+            if (i + 1) % opts["accumulate"] and i < num_batches - 1:
+                continue
+            grads = [sum(parts) / len(groups[k]) for parts in zip(*groups[k])]
+            groups[k].clear()
+        stage.apply(grads, _rate(opts, epoch * num_batches + i), opts["momentum"],
                     opts["weight_decay"], opts["clip"])
     return losses
 
@@ -614,7 +623,8 @@ def _check_optimizer(optimizer, direction, momentum, weight_decay, amsgrad):
 def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, epochs=1,
                     target="paper", micro_batches=1, weight_decay=None, clip=None, pick=min,
                     trace=None, optimizer="sgd", direction="auto", beta_1=0.9, beta_2=0.999,
-                    epsilon=1e-7, amsgrad=False, rho=0.9, recut=None, momentum_decay=1.0):
+                    epsilon=1e-7, amsgrad=False, rho=0.9, recut=None, momentum_decay=1.0,
+                    accumulate=None):
     """Trains an MLP as a pipeline of stages, exactly as SPECTRAIN.md defines it.
 
     Args:
@@ -626,7 +636,10 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         mode: "sync", "vanilla", "stash", "spectrain" or "nesterov" (SPECTRAIN.md 6e: the
             weights of "stash"; each stage's optimizer takes Nesterov's step, SGD's
             `nesterov=True` or NAdam for "adam"/"adamw", with its momentum or `beta_1`
-            raised by its delay, `nesterov_coefficient`).
+            raised by its delay, `nesterov_coefficient`) or "2bw" (the weights of "stash";
+            each stage updates once per `accumulate` mini-batches, with the mean of their
+            gradients, at the rate of the group's last mini-batch; a group cut short by the
+            epoch's end updates with what it has).
         lr: learning rate, or a function of the step (the mini-batch's index counted over
             all epochs) giving the learning rate of that mini-batch's updates.
         momentum: Keras SGD momentum in [0, 1] (at 0, `m` is the last step `-lr * g`);
@@ -664,6 +677,8 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         momentum_decay: NAdam's (optimizer "nadam", or "adam"/"adamw" in mode "nesterov"):
             the schedule `mu_t = beta_1 (1 - 0.5 * 0.96^(momentum_decay * t))`; 1.0 is
             Keras' Nadam, 0.004 PyTorch's NAdam (the paper's code).
+        accumulate: mode "2bw": the mini-batches per update, at least the number of stages
+            (None: that number).
         recut: None, or `(epoch, new_stage_sizes)`: before that epoch (the pipeline drained)
             the stages are re-cut as a checkpoint resumed on other stages re-cuts them
             (docs/SPECTRAIN.md section 6d): every weight keeps its value and slots, and
@@ -702,7 +717,17 @@ def train_reference(params, stage_sizes, batches, *, mode, lr, momentum=None, ep
         for k, stage in enumerate(stages):
             stage.nesterov = True
             stage.coefficient = nesterov_coefficient(base, k, len(stages))
-    opts = dict(mode=mode, target=target, lr=lr, momentum=momentum,
+    if mode == "2bw":
+        accumulate = len(stages) if accumulate is None else accumulate
+        if (not isinstance(accumulate, (int, np.integer)) or isinstance(accumulate, bool)
+                or accumulate < len(stages)):
+            raise ValueError(
+                f"mode '2bw' needs `accumulate` >= the number of stages ({len(stages)}), so "
+                "that each stage holds at most two weight versions. Received: "
+                f"accumulate={accumulate!r}")
+    elif accumulate is not None:
+        raise ValueError(f"`accumulate` applies to mode '2bw' only. Received: mode={mode!r}")
+    opts = dict(mode=mode, target=target, lr=lr, momentum=momentum, accumulate=accumulate,
                 weight_decay=weight_decay, micro_batches=micro_batches, clip=clip)
     losses = []
     for epoch in range(epochs):
