@@ -137,9 +137,8 @@ class EpochRun:
             PipelineStalledError: if no stage finished a pass for `stall_timeout`, or a
                 thread of an earlier stalled run of these stages is still inside a pass.
         """
-        runners = [runner for runners in self.grid for runner in runners]
-        if stall.refuse_if_left_behind(runners):
-            for runner in runners:
+        if stall.refuse_if_left_behind(self._all_runners):
+            for runner in self._all_runners:
                 runner.reset()  # what a thread left behind wrote on its way out
         replicated = len(self.grid) > 1
         threads = [
@@ -166,9 +165,8 @@ class EpochRun:
             if watchdog is not None:
                 watchdog.stop()
         if self.failure.abort.is_set():
-            for runners in self.grid:
-                for runner in runners:
-                    runner.reset()
+            for runner in self._all_runners:
+                runner.reset()
         self._raise_if_failed()
 
     def _run_threads(self, threads, on_batch, on_begin):
@@ -204,7 +202,12 @@ class EpochRun:
         left = stall.join_or_leave(pairs, lambda: watch.error is not None or (
             watchdog is not None and watchdog.lost.is_set()))
         if left and watch.error is not None:
-            stall.leave_behind(left, [runner for runners in self.grid for runner in runners])
+            stall.leave_behind(left, self._all_runners)
+
+    @property
+    def _all_runners(self):
+        """Every runner, replica 0's stages first."""
+        return [runner for runners in self.grid for runner in runners]
 
     def _results(self):
         """The next mini-batch's parts from every replica's last stage; None once stopped."""

@@ -103,10 +103,7 @@ class StageThreads:
         self.remote = False
         self.fed = None
         self.progress = Progress()
-        copy = [f" of replica {r}" if num_replicas > 1 else "" for r in range(num_replicas)]
-        self.where = [[self.progress.record(f"stage {k}{copy[r]} on {runner.device}")
-                       for k, runner in enumerate(runners)]
-                      for r, runners in enumerate(grid)]
+        self.where = self.progress.stage_records(grid)
 
     def main(self, r, k):
         """The thread of stage k of replica r: its whole op list; a failure is recorded."""

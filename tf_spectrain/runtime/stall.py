@@ -133,6 +133,13 @@ class Progress:
         self.records.append(where)
         return where
 
+    def stage_records(self, grid):
+        """A `Where` per runner of `grid` (R lists of N runners), named "stage k [of
+        replica r] on <device>": R lists of N records."""
+        copy = [f" of replica {r}" if len(grid) > 1 else "" for r in range(len(grid))]
+        return [[self.record(f"stage {k}{copy[r]} on {runner.device}")
+                 for k, runner in enumerate(runners)] for r, runners in enumerate(grid)]
+
     def beat(self):
         """A pass finished (or something else showed the run is alive)."""
         self.last = time.monotonic()

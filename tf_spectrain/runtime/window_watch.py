@@ -33,9 +33,7 @@ class WindowWatch:
     def __init__(self, setup, timeout, label):
         self.setup = setup
         self.progress = stall.Progress()
-        copy = [f" of replica {r}" if setup.replicas > 1 else "" for r in range(setup.replicas)]
-        self.where = [self.progress.record(f"stage {k}{copy[r]} on {runner.device}")
-                      for r, runners in enumerate(setup.grid) for k, runner in enumerate(runners)]
+        self.where = [w for row in self.progress.stage_records(setup.grid) for w in row]
         self._watch = stall.StallWatch(self.progress, timeout, lambda error: None,
                                        label=label, poll=self._poll)
         self._watchdog = None
