@@ -55,7 +55,7 @@ def test_same_weights(plan, between, expected):
         ("spectran", "paper",
          r"`mode` must be one of .*Received: mode='spectran'; did you mean 'spectrain'"),
         ("pipedream", "paper",
-         r"`mode` must be one of \['sync', 'vanilla', 'stash', 'spectrain'\]"),
+         r"`mode` must be one of \['sync', 'vanilla', 'stash', 'spectrain', 'nesterov', '2bw'\]"),
         ("spectrain", "consistant",
          r"`spectrain_target` must be one of .*did you mean 'consistent'"),
     ],
@@ -68,7 +68,8 @@ def test_bad_mode_or_target(mode, target, message):
 
 
 def test_one_list_of_modes():
-    assert modes.MODES == modes.PIPELINE_MODES == ("sync", "vanilla", "stash", "spectrain")
+    assert modes.MODES == modes.PIPELINE_MODES == ("sync", "vanilla", "stash", "spectrain",
+                                                    "nesterov", "2bw")
     assert modes.ALL_MODES == modes.PIPELINE_MODES + modes.BASELINES
     assert modes.BASELINES == ("single", "dp")
 

@@ -79,7 +79,12 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
             else every GPU if there are any, else every logical CPU device. With a list of
             cuts it must be `len(cuts) + 1` or None.
         mode: `"sync"` (sequential SGD, no staleness), `"vanilla"` (naive pipelining),
-            `"stash"` (PipeDream weight stashing) or `"spectrain"` (weight prediction).
+            `"stash"` (PipeDream weight stashing), `"spectrain"` (weight prediction),
+            `"nesterov"` (stashing, and each stage's optimizer in its Nesterov form with
+            the momentum raised by the stage's delay: Ajanthan et al. 2025; for SGD,
+            Adam, AdamW and Nadam) or `"2bw"` (PipeDream-2BW: stashing with one update per
+            `accumulate` mini-batches, so at most two weight versions per stage).
+            SPECTRAIN.md sections 4 and 6e give each mode's exact rule.
         spectrain_target: `"paper"` (the paper's version gaps, backward recomputed at its
             own predicted weights) or `"consistent"` (one prediction per mini-batch,
             reused by the backward). Only used by `mode="spectrain"`.
@@ -127,10 +132,15 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
             (which mini-batch from which neighbour, or the data). None never stops. A
             thread stuck inside an op cannot be stopped (TensorFlow cannot cancel a running
             op): it is left behind, and these stages refuse to run until it returns.
+        accumulate: mode `"2bw"`'s mini-batches per update: their mean gradient is
+            applied once per `accumulate` mini-batches (and at the epoch's end), with the
+            learning rate of the group's last. None (the default) means N, the least that
+            keeps two weight versions. 2bw runs each pass as its own graph call (not in
+            `steps_per_execution` windows).
 
     Attributes:
         options: the `schedule.options.PipelineOptions` of `mode`, `spectrain_target`,
-            `micro_batches`, `schedule`, `recompute` and `replicas` (each also an
+            `micro_batches`, `schedule`, `recompute`, `replicas` and `accumulate` (each also an
             attribute of the pipeline), checked once, shared with the planner.
         cuts: the cut layer names (chosen or given). `partition_plan`: the
             `costmodel.PartitionPlan` of `cuts="auto"` (`print(pipe.partition_plan)`
@@ -172,10 +182,11 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
         memory_limit=None,
         link_bandwidth=None,
         stall_timeout=stall.DEFAULT_TIMEOUT,
+        accumulate=None,
     ):
         model, cuts = user_models.accept(model, cuts, num_stages)  # a list: stages by hand
         self.options = PipelineOptions(mode, spectrain_target, micro_batches, schedule,
-                                       recompute, replicas)
+                                       recompute, replicas, accumulate)
         self.stall_timeout = stall_timeout
         self.model = model
         self.partition_plan = None
@@ -206,6 +217,7 @@ class PipelineModel(Fitting, Inference, Compiling, StagePlacement, ModelAPI):
     schedule = _option("schedule")
     recompute = _option("recompute")
     replicas = _option("replicas")
+    accumulate = _option("accumulate")
 
     @property
     def stall_timeout(self):

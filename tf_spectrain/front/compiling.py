@@ -9,7 +9,7 @@ Keras would have (`front.model_api.compile_keras_model`). A Sequential without a
 holds the call until its first data have built it (`workflow.deferred_build`).
 """
 
-from tf_spectrain import checks, partition
+from tf_spectrain import checks, partition, prediction
 from tf_spectrain.front.model_api import compile_keras_model
 from tf_spectrain.prediction import SpecTrain
 from tf_spectrain.runtime import loss_scale as loss_scale_lib
@@ -122,6 +122,8 @@ class Compiling:
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
         if self.mode == "spectrain" and not isinstance(optimizer, SpecTrain):
             optimizer = SpecTrain(optimizer)  # predicts from the optimizer's own update
+        if self.mode == "nesterov":
+            prediction.check_nesterov_optimizer(optimizer)
         compile_utils.check_clipping(optimizer, self.mode)
         self.loss, self.metrics = _loss_and_metrics(self.model, loss, metrics, loss_weights,
                                                     weighted_metrics)
@@ -134,7 +136,8 @@ class Compiling:
         for stages in self.replica_stages:  # `trainable` set since, as Keras' compile takes it
             partition.copy_trainable(self._split, stages)
         self.replica_runners = [
-            build_runners(stages, devices, self.plans, optimizer, self.loss)
+            build_runners(stages, devices, self.plans, optimizer, self.loss,
+                          nesterov=self.mode == "nesterov")
             for stages, devices in zip(self.replica_stages, self.replica_devices)
         ]
         self.runners = self.replica_runners[0]

@@ -68,6 +68,8 @@ class StagePlacement:
             profile_batch_size = checks.check_int("profile_batch_size", profile_batch_size, 1)
         elif devices is not None:
             partition.check_stage_devices(devices, len(cuts) + 1)
+        if not self._any_stage_count:  # N is known: 2bw's `accumulate` is checked now
+            self.options.updates_every(len(devices) if self.planned_cuts else len(cuts) + 1)
         return devices, profile_batch_size
 
     def _place(self, cuts, devices, profile_batch_size, memory_limit, link_bandwidth):
@@ -111,6 +113,7 @@ class StagePlacement:
         self.replica_stages = [self.stages] + [
             partition.place_stages(self._split, d) for d in grid[1:]]
         self.replica_runners = None
+        self.options.updates_every(self.num_stages)  # raises for 2bw's `accumulate` < N
         self.plans = self.options.pass_plans(self.num_stages)
         self.runners = None
         self._uncompiled_runners = None  # predict's, before compile

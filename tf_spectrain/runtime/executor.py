@@ -66,7 +66,7 @@ class EpochRun:
 
     def __init__(
         self, runners, op_lists, batches, micro_batches, keep, label=None, clip_globally=False,
-        replicas=None, stall_timeout=stall.DEFAULT_TIMEOUT,
+        replicas=None, stall_timeout=stall.DEFAULT_TIMEOUT, accumulate=1,
     ):
         self.grid = [list(runners)] if replicas is None else [list(r) for r in replicas]
         self.runners = self.grid[0]
@@ -75,6 +75,7 @@ class EpochRun:
         self.feed = Feed(batches, self.num_batches, micro_batches, len(self.grid))
         self.stages = StageThreads(self.grid, op_lists, self.feed, keep, self.failure, label,
                                    clip_globally, shares_scale(self.runners))
+        self.stages.accumulate = accumulate
         self.label = label
         self.stall_timeout = stall_timeout
         self._watchdog = None  # the workers' watchdog while `run` runs, with remote stages

@@ -234,14 +234,17 @@ class FitLoop:
         progress.epoch_progress = (epoch, 0, n)
         read_rate = learning_rate_reader(pipe.runners[-1].optimizer)
         label = f"epoch {epoch}"
-        if self.window > 1 and not any(r.probe is not None for r in pipe.all_runners):
+        every = options.updates_every(pipe.num_stages)
+        # 2bw's held gradients live between windows' graphs: it runs pass by pass for now.
+        if (self.window > 1 and every == 1
+                and not any(r.probe is not None for r in pipe.all_runners)):
             run, hook = self._windowed(epoch, batches, rules, label)
         else:
             run = EpochRun(
                 pipe.runners, lists, batches, options.micro_batches, rules, label=label,
                 clip_globally=any(r.global_clipnorm for r in pipe.runners),
                 replicas=pipe.replica_runners if options.replicas > 1 else None,
-                stall_timeout=pipe.stall_timeout,
+                stall_timeout=pipe.stall_timeout, accumulate=every,
             )
 
             def hook(i, parts):

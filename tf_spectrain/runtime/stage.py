@@ -93,7 +93,7 @@ class StageRunner:
         self.non_trainable = self.passes.non_trainable
         self.updater = StageUpdate(k, device, optimizer, self.passes)
         self._inflight = {}
-        self._stashed = (None, None)  # (i, weights): the copy the micro-batches of i share
+        self._stashed = (None, None)  # (version, weights): the copy the forwards at it share
         self.penalties = {}  # i -> the stage's scaled layer losses of mini-batch i
         self.timeline = []  # (kind, key, start, end) of every pass, perf_counter seconds
         self.events = collections.deque(maxlen=64)  # (end, kind, key, finite flag tensor)
@@ -172,8 +172,8 @@ class StageRunner:
         self._inflight[key] = record
         examples = int(inputs[0].shape[0] or 0) if record.tape is not None and inputs else 0
         kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
-        self.memory.kept(key, kept, examples,
-                         record.non_trainable or (), record.weights)
+        self.memory.kept(key, kept, examples, record.non_trainable or (), record.weights,
+                         current=not self.plan.forward_steps)
         self.penalties.setdefault(key[0], []).append(penalty)
         end = time.perf_counter()
         self.timeline.append(("forward", key, start, end))
@@ -230,8 +230,9 @@ class StageRunner:
             finite = self.passes.finite_fn(list(grads_w) + list(grads_x))
             if self.loss_scale is not None:
                 self.updater.note_scaled(out_scale, received, finite)
-        if self._stashed[0] == key[0] and not any(i == key[0] for i, _ in self._inflight):
-            self._stashed = (None, None)  # the last micro-batch of i: its copy goes
+        held = self._stashed[1]
+        if held is not None and not any(r.weights is held for r in self._inflight.values()):
+            self._stashed = (None, None)  # the last pass using the copy: it goes
         end = time.perf_counter()
         self.timeline.append(("backward", key, start, end))
         self.events.append((end, "backward", key, finite))
@@ -242,22 +243,35 @@ class StageRunner:
         return list(grads_x)
 
     def _stash_for(self, i):
-        """The copy of the forward weights of mini-batch i (made by its first micro-batch)."""
-        batch, weights = self._stashed
-        if batch != i:
+        """The copy of mini-batch i's forward weights: one per weight version, made by the
+        first forward at it and shared by the passes that follow until the next update."""
+        version = (self.updater.attempts, i if self.plan.forward_steps else None)
+        held, weights = self._stashed
+        if held != version:
             weights = self.passes.snapshot_fn(self.plan.forward_steps)
-            self._stashed = (i, weights)
+            self._stashed = (version, weights)
         return weights
 
     # --- the update half (`runtime.update.StageUpdate`) ---------------------------------
 
-    def update(self, learning_rate=None, squares=None, finite=None):
+    def update(self, learning_rate=None, squares=None, finite=None, apply=True):
         """Applies the pending gradient (`StageUpdate.update`), on the stage's timeline."""
         start = time.perf_counter()
-        self.updater.update(learning_rate, squares, finite)
+        if not self.updater.update(learning_rate, squares, finite, apply):
+            return  # mode 2bw: the gradient keeps adding up
+        self.memory.updated()
         self.timeline.append(("update", None, start, time.perf_counter()))
         if self.probe is not None:
             self.probe.after_update()
+
+    def flush(self):
+        """Applies the held gradients of an unfinished 2bw group (`StageUpdate.flush`)."""
+        start = time.perf_counter()
+        if self.updater.flush():
+            self.memory.updated()
+            self.timeline.append(("update", None, start, time.perf_counter()))
+            if self.probe is not None:
+                self.probe.after_update()
 
     @property
     def skip_non_finite(self):
@@ -342,7 +356,7 @@ class StageRunner:
         return len(self._inflight)
 
 
-def build_runners(stages, devices, plans, optimizer, loss):
+def build_runners(stages, devices, plans, optimizer, loss, nesterov=False):
     """Builds one `StageRunner` per stage, each with its own copy of `optimizer` on its device.
 
     The last stage gets the loss.
@@ -354,6 +368,8 @@ def build_runners(stages, devices, plans, optimizer, loss):
         optimizer: the compiled optimizer (cloned per stage, see
             `prediction.clone_optimizer`).
         loss: the compiled loss.
+        nesterov: mode "nesterov": stage k gets the Nesterov form of `optimizer` with its
+            delay's momentum (`prediction.nesterov_form`, SPECTRAIN.md section 6e).
 
     Returns:
         A list of `StageRunner`s, stage 0 first.
@@ -361,7 +377,8 @@ def build_runners(stages, devices, plans, optimizer, loss):
     runners = []
     for k, (stage, device, plan) in enumerate(zip(stages, devices, plans)):
         with tf.device(device):
-            stage_optimizer = prediction.clone_optimizer(optimizer)
+            stage_optimizer = (prediction.nesterov_form(optimizer, k, len(stages)) if nesterov
+                               else prediction.clone_optimizer(optimizer))
             stage_optimizer.build(stage.trainable_variables)
         last_loss = loss if k == len(stages) - 1 else None
         runners.append(StageRunner(k, stage, device, stage_optimizer, plan, loss=last_loss))

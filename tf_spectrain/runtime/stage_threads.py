@@ -10,6 +10,7 @@ import tensorflow as tf
 from tf_spectrain import schedule
 from tf_spectrain.runtime.handoff import Board, Channel, PipelineAborted
 from tf_spectrain.runtime.stall import Progress
+from tf_spectrain.schedule import modes
 
 __all__ = ["STOP", "Lane", "StageThreads", "to_host"]
 
@@ -79,6 +80,8 @@ class StageThreads:
         ready: with replicas, per stage the `Board` on which its R copies post their
             gradients before the all-reduce; None otherwise.
         rates: None, or a `Board` of each mini-batch's learning rate (the caller posts it).
+        accumulate: mini-batches per applied update (mode "2bw"; else 1, see
+            `schedule.modes.applies_update`).
         remote: True when stages run on workers: the last stage then hands the caller
             local copies of its results (`to_host`).
         fed: the number of mini-batches fed, once the feed stopped early; else None.
@@ -100,6 +103,8 @@ class StageThreads:
         self.ready = ([Board(abort, num_replicas, num_replicas, f"replicas of stage {k}")
                        for k in range(n)] if num_replicas > 1 else None)
         self.rates = None
+        self.accumulate = 1
+        self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
         self.remote = False
         self.fed = None
         self.progress = Progress()
@@ -143,6 +148,8 @@ class StageThreads:
                 raise
             if stopped is not None:
                 stop_at = stopped
+        if stop_at is not None:
+            self.grid[r][k].flush()  # 2bw: the unfinished group's gradients
 
     def _await(self, r, k, what, fetch):
         """`fetch()`, with stage k of replica r's record saying it waits for `what`."""
@@ -243,7 +250,8 @@ class StageThreads:
             flag = runner.pending_finite()
             finite = self._await(r, k, f"every stage's gradient check of mini-batch {i}",
                                  lambda: _gathered(lane.flags, i, k, flag))
-        runner.update(learning_rate=rate, squares=squares, finite=finite)
+        runner.update(learning_rate=rate, squares=squares, finite=finite,
+                      apply=modes.applies_update(i, self.num_batches, self.accumulate))
         if k == len(self.grid[0]) - 1:
             lane.results.put((i, lane.losses.pop(i)))
 

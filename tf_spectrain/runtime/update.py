@@ -38,6 +38,8 @@ class StageUpdate:
         self.gradient = None
         self.skip_non_finite = False
         self.reducer = None
+        self._held = None  # mode 2bw: the sum of the group's gradients so far
+        self._count = 0  # ... over this many mini-batches
         self._scale = None  # with a dynamic loss scale: the pending gradient's scale
         self._flags = None  # ... and (received finite, own finite) of its backwards
         self._attempts = 0  # updates asked for (applied or skipped)
@@ -59,7 +61,7 @@ class StageUpdate:
             self._flags = (tf.logical_and(before[0], received),
                            tf.logical_and(before[1], finite))
 
-    def update(self, learning_rate=None, squares=None, finite=None):
+    def update(self, learning_rate=None, squares=None, finite=None, apply=True):
         """Applies the pending gradient with the optimizer (one update of the stage).
 
         Nothing is read back to the host: with `skip_non_finite` (or a dynamic loss
@@ -73,6 +75,12 @@ class StageUpdate:
                 mini-batch (scalar tensors, from `pending_square_norm`); else None.
             finite: with a shared (sync mode) dynamic loss scale, every stage's
                 `pending_finite()` of this mini-batch; else None.
+            apply: False to hold this mini-batch's gradient (summed over the replicas
+                already) for a later update (mode "2bw", SPECTRAIN.md section 6e); an
+                applied update applies the mean over the mini-batches held and its own.
+
+        Returns:
+            Whether an update was applied (or, when not finite, skipped): `apply`.
 
         Raises:
             RuntimeError: if no backward ran since the last update.
@@ -82,6 +90,16 @@ class StageUpdate:
         pending, self.gradient = self.gradient, None
         if learning_rate is not None:
             self.optimizer.learning_rate = learning_rate
+        with tf.device(self.device):
+            if self._held is not None:  # mode 2bw: the group's earlier mini-batches
+                pending = [a + g for a, g in zip(self._held, pending)]
+            self._count += 1
+            if not apply:
+                self._held = pending
+                return False
+            count, self._held, self._count = self._count, None, 0
+            if count > 1:
+                pending = [g / count for g in pending]
         self._attempts += 1
         self._ever_skipping = self._ever_skipping or self.skip_non_finite
         squares = list(squares or [])
@@ -91,6 +109,18 @@ class StageUpdate:
             self.passes.apply_scaled_fn(pending, squares, scale, flags, list(finite or []))
         elif self.passes.trainable:  # a stage without weights (e.g. only padding) has no update
             self.passes.apply_fn(pending, squares, self.skip_non_finite)
+        return True
+
+    def flush(self):
+        """Applies the held gradients of an unfinished 2bw group (an epoch stopped early).
+
+        Returns:
+            Whether there was anything to apply.
+        """
+        if self._held is None:
+            return False
+        self.gradient, self._held, self._count = self._held, None, self._count - 1
+        return self.update()
 
     def note_updates(self, count):
         """Counts `count` updates run outside `update` (in a window's graph)."""
@@ -168,11 +198,17 @@ class StageUpdate:
         return int(self.passes.skipped.numpy())
 
     @property
+    def attempts(self):
+        """Updates asked for so far, applied or skipped (no device read)."""
+        return self._attempts
+
+    @property
     def updates(self):
         """Updates applied so far (reads the device once an update could be skipped)."""
         return self._attempts - (self.skipped if self._ever_skipping else 0)
 
     def reset(self):
         """Forgets the pending gradient and its scale (after an aborted epoch)."""
-        self.gradient = None
+        self.gradient = self._held = None
+        self._count = 0
         self._scale = self._flags = None

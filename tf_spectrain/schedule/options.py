@@ -24,13 +24,16 @@ class PipelineOptions:
     """The options of a pipeline, checked when made (see `PipelineModel` for each).
 
     Attributes:
-        mode: one of `modes.PIPELINE_MODES`: "sync", "vanilla", "stash" or "spectrain".
+        mode: one of `modes.PIPELINE_MODES`: "sync", "vanilla", "stash", "spectrain",
+            "nesterov" or "2bw".
         spectrain_target: "paper" or "consistent" (used by `mode="spectrain"`).
         micro_batches: `M`, micro-batches per mini-batch (any mode), an int >= 1.
         schedule: one of `modes.SCHEDULES`: "gpipe" (every mode) or "1f1b" (sync only).
         recompute: one of `modes.RECOMPUTE`: "auto" (stages whose backward runs at other
             weights than their forward) or "always" (every stage).
         replicas: `R`, copies of the pipeline, an int >= 1.
+        accumulate: mode "2bw"'s mini-batches per update, an int >= N, or None for N
+            (`modes.check_accumulate`; `updates_every` gives it once N is known).
 
     Raises:
         TypeError, ValueError: for an invalid option (the message names it).
@@ -42,6 +45,7 @@ class PipelineOptions:
     schedule: str = "gpipe"
     recompute: str = "auto"
     replicas: int = 1
+    accumulate: int | None = None
 
     def __post_init__(self):
         """Checks every option, in the order `PipelineModel` lists them."""
@@ -52,6 +56,9 @@ class PipelineOptions:
         checks.check_one_of("recompute", self.recompute, modes.RECOMPUTE)
         replicas = checks.check_int("replicas", self.replicas, 1,
                                     meaning="copies of the pipeline")
+        accumulate = modes.check_accumulate(self.accumulate, self.mode)
+        if self.accumulate is not None:
+            object.__setattr__(self, "accumulate", accumulate)
         object.__setattr__(self, "micro_batches", micro_batches)  # NumPy ints as ints
         object.__setattr__(self, "replicas", replicas)
 
@@ -80,6 +87,11 @@ class PipelineOptions:
         """Each stage's `modes.PassPlan` in a pipeline of `num_stages` stages."""
         return [modes.pass_plan(self.mode, k, num_stages, self.spectrain_target)
                 for k in range(num_stages)]
+
+    def updates_every(self, num_stages):
+        """Mini-batches per update with `num_stages` stages: `accumulate` (or N) in mode
+        "2bw", else 1. Raises ValueError when `accumulate` is below N."""
+        return modes.check_accumulate(self.accumulate, self.mode, num_stages)
 
     def op_lists(self, num_stages, num_batches):
         """Each stage's instruction list (`schedule.op_lists`) for an epoch of `num_batches`."""
