@@ -35,6 +35,8 @@ CONFIGS = {
     "stash": ("stash", "paper"),
     "spectrain-paper": ("spectrain", "paper"),
     "spectrain-consistent": ("spectrain", "consistent"),
+    "nesterov": ("nesterov", "paper"),
+    "2bw": ("2bw", "paper"),
 }
 # tf_spectrain.schedule.modes.BASELINES, spelled out: importing tf_spectrain would start TensorFlow
 # before a script sets it up (tests/test_benchmarks.py checks that the two agree).
