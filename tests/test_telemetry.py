@@ -372,3 +372,44 @@ def test_one_telemetry_over_two_fits_numbers_steps_continuously(tmp_path):
     steps = [s for s, _ in read_scalars(tmp_path)["batch/loss"]]
     assert steps == list(range(24))
     assert {r["epoch"] for r in telemetry.predictions} == {0, 1}
+
+
+@pytest.mark.parametrize("mode, accumulate", [("nesterov", 1), ("2bw", 4), ("2bw", 5)])
+def test_nesterov_and_2bw_measure_their_staleness(mode, accumulate, tmp_path):
+    # SPECTRAIN.md 6e: neither predicts, so a pass's error is its distance from the weights
+    # `h` applied updates later (stash's horizons for nesterov, one update for 2bw); the
+    # backward uses its forward's weights, version `floor(max(0, i - s_k) / A)`.
+    pipe = PipelineModel(mlp(), cuts=["dense0", "dense1", "dense2"], mode=mode,
+                         accumulate=accumulate if mode == "2bw" else None)
+    pipe.compile(keras.optimizers.SGD(LR, momentum=0.9),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = []
+    for runner in pipe.runners:
+        history.append([[np.array(v.numpy()) for v in runner.trainable]])
+        runner.update = _recording(runner, history[-1])
+    x, y = data()
+    telemetry = Telemetry(tmp_path, prediction_every=2)
+    pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[telemetry])
+    results = telemetry.predictions
+    assert results and any(r["error"] > 0 for r in results)
+    for r in results:
+        k, i, v, t = r["stage"], r["batch"], r["used_version"], r["target_version"]
+        h_f, h_b = modes.probe_horizons(mode, k, 4)
+        assert t == v + (h_f if r["pass"] == "forward" else h_b)
+        used = history[k][max(0, i - (3 - k)) // accumulate]
+        np.testing.assert_allclose(r["error"], norm(used, history[k][t]), rtol=1e-4, atol=1e-7)
+        if r["pass"] == "forward":
+            assert r["error"] == pytest.approx(r["baseline"], rel=1e-6)
+
+
+def _recording(runner, history):
+    """`runner.update`, appending the stage's weights after each applied update."""
+    update = runner.update
+
+    def wrapped(**options):
+        before = runner.updater.attempts
+        update(**options)
+        if runner.updater.attempts > before:
+            history.append([np.array(v.numpy()) for v in runner.trainable])
+
+    return wrapped
