@@ -471,6 +471,22 @@ def test_after_a_trace_the_first_call_may_build_its_graph():
     assert seen["allowance"] >= stall.INSTANTIATION_PER_TRACE * 0.1
     assert progress.idle_seconds(progress.last + 0.5) < 0.5 - seen["allowance"] + 1e-9
 
+    def shared():  # about a third of a core, as on a machine loaded 3x beyond its cores
+        until = time.monotonic() + 1.2
+        while time.monotonic() < until:
+            burst = time.thread_time() + 0.02
+            while time.thread_time() < burst:
+                pass
+            time.sleep(0.04)
+
+    sharing = threading.Thread(target=traced_then, args=(shared,))
+    sharing.start()
+    time.sleep(0.3)
+    progress.still_building(0.1)  # the first look after its trace
+    time.sleep(0.5)
+    assert progress.still_building(0.5)
+    sharing.join()
+
     waiting = threading.Thread(target=traced_then, args=(lambda: time.sleep(0.8),))
     waiting.start()
     time.sleep(0.3)

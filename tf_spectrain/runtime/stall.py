@@ -157,15 +157,18 @@ class Progress:
             self._building = building
 
     def still_building(self, seconds):
-        """Whether a thread that traced has used at least half of the last `seconds` of
+        """Whether a thread that traced has used at least a tenth of the last `seconds` of
         CPU time (TensorFlow optimising and placing the new graph, on its first call, in
-        the calling thread); a run that computes waits in that thread instead."""
+        the calling thread); a run that computes waits in that thread instead, using next
+        to no CPU. A tenth, not more: on a machine loaded 5x beyond its cores the building
+        thread gets about a fifth of a core (a run of 8-stage windows beside other jobs
+        was stopped falsely at one half)."""
         busy = False
         for tid, before in list(self._building.items()):
             now = _thread_cpu_seconds(tid)
             if now is None:
                 continue
-            busy = busy or now - before >= 0.5 * seconds
+            busy = busy or now - before >= BUILDING_SHARE * seconds
             self._building[tid] = now
         return busy
 
@@ -198,6 +201,9 @@ class Progress:
         """The calling thread has no progress any more."""
         _local.progress = None
 
+
+BUILDING_SHARE = 0.1
+"""The share of a core a thread that traced must use to be taken as building its graph."""
 
 INSTANTIATION_PER_TRACE = 10.0
 """After a trace of t seconds, the first pass may take `INSTANTIATION_PER_TRACE * t` more:
