@@ -8,8 +8,9 @@
 Besides images/s, each pipeline run reports every stage's utilisation over the timed epoch
 (time in its passes / the epoch's wall time), the measured bubble (1 - mean utilisation),
 and memory: the peak of each stage's device where TensorFlow can tell it (GPUs), else each
-stage's estimate of what it kept alive (`tf_spectrain.runtime.memory`), and the process'
-peak resident memory.
+stage's estimate of what it kept alive (`tf_spectrain.runtime.memory`, with the most
+weight copies it held for backwards, `peak_weight_copies`), and the process' peak resident
+memory.
 
 Each measurement runs in a fresh subprocess (TensorFlow's device and thread settings are
 fixed per process) on synthetic 32x32x3 images: one warm-up fit (tracing: a short one for
@@ -43,6 +44,8 @@ CONFIGS = {
     "spectrain-consistent": dict(mode="spectrain", target="consistent"),
     "spectrain-paper": dict(mode="spectrain", target="paper"),
     "vanilla": dict(mode="vanilla"),
+    "nesterov": dict(mode="nesterov"),  # stash, each stage's optimizer in its Nesterov form
+    "2bw": dict(mode="2bw"),  # PipeDream-2BW: one update per N mini-batches (accumulate=None)
     # The cost of watching: the default telemetry (per-step scalars with log_every="auto",
     # prediction error measured on every 10th mini-batch) on top of spectrain-paper.
     "spectrain-paper+telemetry": dict(mode="spectrain", target="paper", telemetry=True),
@@ -51,6 +54,19 @@ CUTS = {
     "vgg16": ["block2_pool", "block3_pool", "block4_pool"],
     "small_cnn": ["pool1", "flatten", "fc1"],
 }
+"""Fixed cuts at N = 4 (`stage_cuts`)."""
+CUTS_BY_DEPTH = {
+    # small_cnn has 6 layers with weights: stages 2 (relu1, pool1) and 5 (relu2, pool2) have none.
+    ("small_cnn", 8): ["conv1", "bn1", "pool1", "conv2", "bn2", "pool2", "fc1"],
+}
+"""Fixed cuts at other depths, by (model, N)."""
+
+
+def stage_cuts(model, stages):
+    """The fixed cuts of `model` at N = `stages`, or None (planned: cuts="auto")."""
+    if stages == 4:
+        return CUTS.get(model)
+    return CUTS_BY_DEPTH.get((model, stages))
 
 
 def child(args):
@@ -80,7 +96,7 @@ def child(args):
         devices,
         learning_rate=0.01,
         momentum=0.9,
-        cuts=CUTS.get(args.model) if args.stages == 4 else None,
+        cuts=stage_cuts(args.model, args.stages),
         spectrain_target=args.target,
         **pipeline_options(args),
     )
@@ -115,10 +131,12 @@ def child(args):
             out["utilisation"] = [b / wall for b in busy]
             out["bubble"] = 1 - sum(out["utilisation"]) / len(busy)
         # What each stage kept alive in the timed epoch (runtime.memory): an estimate from
-        # the tensors kept, the per-stage figure a CPU run can give.
+        # the tensors kept, the per-stage figure a CPU run can give; `weight_copies`: the
+        # most copies of its weights it held for backwards beside the current weights.
         out["stage_memory"] = [
             {"weights": m.weights, "slots": m.slots, "in_flight": m.peak_in_flight,
-             "micro_batches": m.peak_micro_batches, "peak": m.peak}
+             "micro_batches": m.peak_micro_batches, "peak": m.peak,
+             "weight_copies": m.peak_weight_copies}
             for m in pipeline.memory
         ]
     print(json.dumps(out))

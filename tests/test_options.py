@@ -63,7 +63,7 @@ def test_given_takes_options_or_keywords_but_not_both():
 def test_planned_leaves_out_replicas():
     planned = PipelineOptions(mode="sync", replicas=2).planned()
     assert planned == dict(mode="sync", spectrain_target="paper", micro_batches=1,
-                           schedule="gpipe", recompute="auto")
+                           schedule="gpipe", recompute="auto", accumulate=None)
 
 
 def test_it_stands_on_the_schedule_floor_without_tensorflow():

@@ -260,3 +260,29 @@ def test_nesterov_refuses_an_optimizer_without_a_nesterov_form(problem):
                                          "RMSprop"):
         pipe.compile(keras.optimizers.RMSprop(0.01),
                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def test_one_stage_2bw_equals_keras_on_merged_batches_with_an_embedding():
+    # One stage has no delay: each update applies the mean gradient of A mini-batches of
+    # equal size, which is Keras' step on their merged batch. The embedding's gradients are
+    # IndexedSlices, held and averaged as such.
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, size=(48, 5))
+    y = rng.integers(0, 3, size=48)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((5,), dtype="int32")
+        h = keras.layers.Embedding(20, 4, name="embed")(inputs)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    plain = model()
+    plain.compile(keras.optimizers.SGD(0.5, momentum=0.9), loss)
+    plain.fit(x, y, batch_size=24, epochs=2, shuffle=False, verbose=0)
+    pipe = PipelineModel(model(), cuts=[], mode="2bw", accumulate=3, devices=["/CPU:0"])
+    pipe.compile(keras.optimizers.SGD(0.5, momentum=0.9), loss)
+    pipe.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert max_diff(pipe.model.get_weights(), plain.get_weights()) < 1e-6
+    assert max_diff(pipe.model.get_weights(), model().get_weights()) > 1e-2

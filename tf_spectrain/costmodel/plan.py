@@ -18,6 +18,7 @@ class PartitionPlan:
         mode, spectrain_target: the pipeline mode planned for.
         micro_batches, schedule, recompute: the micro-batches per mini-batch, the `sync`
             schedule and the recomputation planned for (see `stage_terms.StageTerms`).
+        accumulate: mode "2bw"'s mini-batches per update (None: one per stage, N).
         devices: the stage devices, or None.
         memory_limits: per stage, the limit in bytes or None.
         profile_seconds: how long profiling (and calibrating) took, 0 for a given profile.
@@ -38,6 +39,7 @@ class PartitionPlan:
     micro_batches: int = 1
     schedule: str = "gpipe"
     recompute: str = "auto"
+    accumulate: int = None
 
     def __post_init__(self):
         object.__setattr__(self, "names", tuple(self.names))
@@ -58,6 +60,13 @@ class PartitionPlan:
     def cuts(self):
         """The cut layer names (each ends a stage but the last), for `PipelineModel`."""
         return [self.names[s.last] for s in self.stages[:-1]]
+
+    @property
+    def updates_every(self):
+        """Mini-batches per update: `accumulate` (or N) in mode "2bw", else 1."""
+        if self.mode != "2bw":
+            return 1
+        return self.num_stages if self.accumulate is None else self.accumulate
 
     @property
     def bottleneck(self):
@@ -104,6 +113,7 @@ class PartitionPlan:
             "micro_batches": self.micro_batches,
             "schedule": self.schedule,
             "recompute": self.recompute,
+            "updates_every": self.updates_every,
             "bottleneck": self.bottleneck,
             "balance": self.balance,
             "profile_seconds": self.profile_seconds,
@@ -116,6 +126,8 @@ class PartitionPlan:
             options.append(f"schedule '{self.schedule}'")
         if self.recompute != "auto":
             options.append(f"recompute '{self.recompute}'")
+        if self.mode == "2bw":
+            options.append(f"one update per {self.updates_every} mini-batches")
         mode = ", ".join([f"mode '{self.mode}'"] + options)
         header = (
             f"Partition plan of '{self.model_name}': {self.num_stages} stages, {mode}, batch "
@@ -127,6 +139,9 @@ class PartitionPlan:
             "stage", "device", "layers", "first .. last", "ms", "F+B measured ms",
             "params MiB", "activ. MiB", "optim. MiB", "sends MiB",
         )
+        summing = any(s.gradient_bytes for s in self.stages)  # 2bw's gradient sums
+        if summing:
+            columns += ("grad. sum MiB",)
         rows = []
         for k, s in enumerate(self.stages):
             mark = "*" if k == self.bottleneck else ""
@@ -141,7 +156,7 @@ class PartitionPlan:
                 _mib(s.activation_bytes + s.stash_bytes),
                 _mib(s.optimizer_bytes),
                 _mib(s.sent_bytes),
-            ))
+            ) + ((_mib(s.gradient_bytes),) if summing else ()))
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         lines = [header, "  ".join(c.ljust(w) for c, w in zip(columns, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]

@@ -26,7 +26,7 @@ import math
 from tf_spectrain import checks
 from tf_spectrain.costmodel.plan import PartitionPlan, size
 from tf_spectrain.costmodel.predict import check_arguments, check_recompute_flag
-from tf_spectrain.costmodel.stage_terms import StageTerms
+from tf_spectrain.costmodel.stage_terms import STASHING, StageTerms
 
 _REL_TOL = 1e-12
 
@@ -117,6 +117,7 @@ def plan_partition(
     profile_seconds=0.0,
     schedule="gpipe",
     recompute="auto",
+    accumulate=None,
 ):
     """Plans the cuts of a pipeline and predicts each stage's time and memory.
 
@@ -128,6 +129,8 @@ def plan_partition(
             `PipelineModel` takes them (they decide recomputation and what stays in
             memory; see `StageTerms`): `micro_batches` in any mode, `schedule` "gpipe" or
             (sync only) "1f1b", `recompute` "auto" or "always".
+        accumulate: mode "2bw"'s mini-batches per update, an int >= `num_stages`, or
+            None for `num_stages` (its stages hold the group's gradient sum).
         bandwidth, latency: the link between neighbouring devices (bytes/s, seconds).
         memory_limit: None, bytes per device (a number), or a list of `N` numbers (None
             entries: no limit); plans with a stage over its limit are left out.
@@ -148,6 +151,7 @@ def plan_partition(
     terms = StageTerms(
         profile, batch_size, num_stages, mode, spectrain_target, micro_batches,
         bandwidth, latency, optimizer_slots, schedule=schedule, recompute=recompute,
+        accumulate=accumulate,
     )
     first_profile = terms.profiles[0]
     if num_stages > len(first_profile):
@@ -171,6 +175,7 @@ def plan_partition(
         micro_batches=terms.micro_batches,
         schedule=schedule,
         recompute=recompute,
+        accumulate=accumulate,
         devices=devices,
         memory_limits=limits,
         profile_seconds=profile_seconds,
@@ -343,6 +348,8 @@ def _memory_hints(terms):
         hints.append("mode 'sync' (it keeps one mini-batch in flight)")
     elif terms.schedule == "gpipe":
         hints.append("schedule='1f1b' with micro_batches (stage k keeps at most N - k of them)")
+    if terms.mode in STASHING and terms.num_stages >= 4:
+        hints.append("mode '2bw' (at most one stashed weight version per stage)")
     if terms.recompute == "auto":
         hints.append("recompute='always' (stages keep only their inputs)")
     return hints

@@ -43,7 +43,8 @@ def plan_pipeline(
     """The plan of a pipeline of `model` on `devices`, priced without training.
 
     Each stage's predicted time and memory (weights, optimizer slots, the activations of
-    its micro-batches in flight, stashed weights) follow the pipeline's options, as
+    its micro-batches in flight, stashed weights, mode "2bw"'s gradient sum) follow the
+    pipeline's options, as
     `PipelineModel` would run them; the memory is set against each device's memory (GPUs
     report it; CPU devices do not) and `memory_limit`. On GPUs, with `measure_peak`, one
     forward and backward of each stage is run alone (`measure_stages`, no update) and
@@ -60,10 +61,11 @@ def plan_pipeline(
         memory_limit: None, bytes per device (a number or a string such as "16GiB"), or a
             list of one per stage (None entries: none).
         optimizer_slots: optimizer variables per weight (1: momentum SGD, 2: Adam; 0:
-            plain SGD).
+            plain SGD) of the user's optimizer; mode "nesterov" prices its Nesterov form
+            (`StageTerms.slots`).
         options: a `PipelineOptions` (`PipelineModel.options`), or None to take the
             options as keywords: `mode`, `spectrain_target`, `micro_batches`, `schedule`,
-            `recompute` (as `PipelineModel`'s).
+            `recompute`, `accumulate` (as `PipelineModel`'s).
         profile: a `ModelProfile` (or one per stage) to price and plan with instead of
             profiling (then `cuts="auto"` is planned from it, without calibration).
         link_bandwidth: bytes/s between neighbouring devices; None measures it between

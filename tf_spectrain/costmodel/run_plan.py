@@ -5,8 +5,9 @@
 the hints for a stage that does not fit and `parse_memory_size` ("16GiB" -> bytes).
 
 Each stage's memory is `StageEstimate.memory_bytes`: weights, optimizer slots, the
-activations its micro-batches in flight keep and the weight versions it stashes, for the
-planned mode, schedule, micro-batches, recomputation and precision (see `stage_terms`). It
+activations its micro-batches in flight keep, the weight versions it stashes and, in mode
+`2bw`, the gradient sum it holds between updates, for the planned mode, schedule,
+micro-batches, recomputation and precision (see `stage_terms`). It
 is set against the smaller of the device's memory (where the device reports it) and the
 `memory_limit` given.
 """
@@ -16,6 +17,7 @@ import math
 import re
 
 from tf_spectrain.costmodel.plan import PartitionPlan, size
+from tf_spectrain.costmodel.stage_terms import STASHING
 
 UNITS = {
     "B": 1,
@@ -127,12 +129,14 @@ class RunPlan:
             s, limit = self.plan.stages[k], self.limit(k)
             source = (f"the {limit_name}" if limit == self.memory_limit[k]
                       else "its device's memory")
+            summed = (f", gradient sum {size(s.gradient_bytes)}" if s.gradient_bytes
+                      else "")
             out.append(
                 f"stage {k} ({self._device(k)}, layers {self.plan.names[s.first]} .. "
                 f"{self.plan.names[s.last]}) would not fit: it needs {size(s.memory_bytes)} "
                 f"(weights {size(s.param_bytes)}, optimizer slots {size(s.optimizer_bytes)}, "
                 f"activations {size(s.activation_bytes)}, stashed weights "
-                f"{size(s.stash_bytes)}) but {source} is {size(limit)}. "
+                f"{size(s.stash_bytes)}{summed}) but {source} is {size(limit)}. "
                 f"Try {', '.join(hints)}."
             )
         return out
@@ -143,15 +147,18 @@ class RunPlan:
 
     def memory_table(self):
         """The per-stage memory table (MiB), one line per stage, as a string."""
-        columns = ("stage", "device", "weights", "optim.", "activ.", "stash", "total",
-                   "peak", "device mem.", "limit", "fits")
+        summing = any(s.gradient_bytes for s in self.plan.stages)  # 2bw's gradient sums
+        columns = ("stage", "device", "weights", "optim.", "activ.", "stash",
+                   *(("grad. sum",) if summing else ()), "total", "peak", "device mem.",
+                   "limit", "fits")
         rows = []
         for k, s in enumerate(self.plan.stages):
             limit = self.limit(k)
             peak = None if self.peaks is None else self.peaks[k]
             rows.append((
                 str(k), self._device(k), _mib(s.param_bytes), _mib(s.optimizer_bytes),
-                _mib(s.activation_bytes), _mib(s.stash_bytes), _mib(s.memory_bytes),
+                _mib(s.activation_bytes), _mib(s.stash_bytes),
+                *((_mib(s.gradient_bytes),) if summing else ()), _mib(s.memory_bytes),
                 "-" if peak is None else _mib(peak),
                 "unknown" if self.device_memory[k] is None else _mib(self.device_memory[k]),
                 "-" if self.memory_limit[k] is None else _mib(self.memory_limit[k]),
@@ -200,6 +207,9 @@ def memory_hints(plan, flags=False):
         m = max(plan.micro_batches, 2 * plan.num_stages)
         hints.append(name(f"schedule='1f1b' with micro_batches={m}",
                           f"--schedule 1f1b --micro-batches {m}"))
+    if plan.mode in STASHING and plan.num_stages >= 4:
+        hints.append(name("mode='2bw' (at most one stashed weight version per stage)",
+                          "--mode 2bw (at most one stashed weight version per stage)"))
     if plan.recompute == "auto":
         hints.append(name("recompute='always' (keep only stage inputs)",
                           "--recompute always (keep only stage inputs)"))

@@ -23,7 +23,11 @@ linearly and divided by `relative_speed`; the same for both `sync` schedules):
 
 Memory, bytes on the stage's device:
 - `param_bytes`: trainable weights. `optimizer_bytes`: `optimizer_slots` copies of them
-  (1 for momentum SGD, 2 for Adam).
+  (1 for momentum SGD, 2 for Adam). In `nesterov` each stage runs the Nesterov form of
+  the optimizer (SPECTRAIN.md 6e), with the same slots: Nesterov SGD keeps SGD's momentum,
+  and NAdam, for Adam and AdamW, keeps Adam's two (and one scalar, left out). Plain SGD
+  (`optimizer_slots=0`) gets a momentum raised by the stage's delay, `s_k * 0.99 / N > 0`,
+  so every stage but the last then pays one slot.
 - `activation_bytes`: what the micro-batches in flight keep (`in_flight`). Stage `k` of an
   asynchronous pipeline holds up to `N - k` mini-batches between their forward and their
   backward (`schedule.max_stashed`), all `M` micro-batches of each; `sync` with
@@ -32,15 +36,24 @@ Memory, bytes on the stage's device:
   outputs and its inputs for each; one that recomputes keeps only its inputs, plus one
   micro-batch's outputs while it recomputes.
 - `stash_bytes`: weight versions the in-flight mini-batches hold besides the current
-  weights (one per mini-batch, whatever `M` and `recompute`): `N - k - 1` in `stash`,
-  `N - k` predicted ones in consistent `spectrain`, one predicted version at a time in
-  paper `spectrain`, none in `sync` and `vanilla`, nor on a stage that predicts `s = 0`
-  steps ahead (the last stage in consistent `spectrain`, and in paper `spectrain` with
-  `N <= 2`): it runs at its current weights.
+  weights (one per version, whatever `M` and `recompute`): `N - k - 1` in `stash` and
+  `nesterov` (one update per mini-batch: each of the `N - k` in flight has its own
+  version, the newest being the current weights), at most one in `2bw` (one update per
+  `A >= N` mini-batches, so the `N - k` in flight span at most two versions: the current
+  one and one older; none on the last stage, whose one mini-batch in flight runs at the
+  current weights), `N - k` predicted ones in consistent `spectrain`, one predicted
+  version at a time in paper `spectrain`, none in `sync` and `vanilla`, nor on a stage
+  that predicts `s = 0` steps ahead (the last stage in consistent `spectrain`, and in
+  paper `spectrain` with `N <= 2`): it runs at its current weights.
+- `gradient_bytes`: in `2bw` with `A > 1` mini-batches per update, the sum of the group's
+  gradients held between updates (`runtime.update`), one gradient-sized buffer (the
+  weights' bytes); 0 in the other modes, whose gradient lives only from a backward to its
+  update.
 
 Sizes are the profile's, and `profile_model` reads them from the tensors themselves: under
 a Keras mixed-precision policy (`mixed_float16`, `mixed_bfloat16`) activations and
-hand-offs count 2 bytes per element, weights (so optimizer slots and stashes) 4.
+hand-offs count 2 bytes per element, weights (so optimizer slots, stashes and 2bw's
+gradient sum, of the float32 weights' gradients) 4.
 
 It is a model: framework workspace, BatchNorm statistics and allocator slack are left out.
 """
@@ -57,6 +70,9 @@ from tf_spectrain.schedule.options import PipelineOptions
 
 SCHEDULES = modes.SCHEDULES  # sync mode's orders: "gpipe", "1f1b"
 RECOMPUTE = modes.RECOMPUTE  # "auto", "always"
+STASHING = ("stash", "nesterov")
+"""The modes that stash one weight version per mini-batch in flight (`N - k - 1` on stage
+k). `2bw` keeps at most one, plus a gradient-sized sum: less than these from 4 stages on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +87,7 @@ class StageEstimate:
         sent_bytes: bytes per mini-batch it hands to the next stage (0 for the last).
         allreduce: seconds per mini-batch of its gradients' all-reduce over the replicas
             (0 for one pipeline).
+        gradient_bytes: bytes of the gradient sum held between updates (mode `2bw`), else 0.
     """
 
     index: int
@@ -86,6 +103,7 @@ class StageEstimate:
     stash_bytes: float
     sent_bytes: float
     allreduce: float = 0.0
+    gradient_bytes: float = 0.0
 
     @property
     def seconds(self):
@@ -95,7 +113,16 @@ class StageEstimate:
     @property
     def memory_bytes(self):
         """Bytes the stage needs on its device."""
-        return self.param_bytes + self.optimizer_bytes + self.activation_bytes + self.stash_bytes
+        return (self.param_bytes + self.optimizer_bytes + self.activation_bytes
+                + self.stash_bytes + self.gradient_bytes)
+
+    @property
+    def weight_versions(self):
+        """Weight versions the stage holds at most: its current weights and those stashed
+        (`1 + stash_bytes / param_bytes`; 1 for a stage without weights)."""
+        if not self.param_bytes:
+            return 1
+        return 1 + self.stash_bytes / self.param_bytes
 
 
 class StageTerms:
@@ -127,15 +154,17 @@ class StageTerms:
         recompute: one of `RECOMPUTE`: "auto" (where the backward's weights differ) or
             "always" (every stage).
         options: a `schedule.options.PipelineOptions` (as `PipelineModel.options`) in
-            place of `mode`, `spectrain_target`, `micro_batches`, `replicas`, `schedule`
-            and `recompute`, which are then left at their defaults.
+            place of `mode`, `spectrain_target`, `micro_batches`, `replicas`, `schedule`,
+            `recompute` and `accumulate`, which are then left at their defaults.
+        accumulate: mode "2bw"'s mini-batches per update `A`, an int >= N, or None for N.
 
     Attributes:
         options: the `PipelineOptions` priced; `mode`, `spectrain_target`,
             `micro_batches`, `schedule`, `recompute` and `replicas` are its fields.
+        updates_every: mini-batches per update: `A` in mode "2bw", else 1.
 
     Raises:
-        TypeError, ValueError: for invalid arguments.
+        TypeError, ValueError: for invalid arguments (in mode "2bw", `accumulate` below N).
     """
 
     def __init__(
@@ -156,6 +185,7 @@ class StageTerms:
         schedule="gpipe",
         recompute="auto",
         options=None,
+        accumulate=None,
     ):
         self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
         self.profiles = _check_profiles(profiles, self.num_stages)
@@ -164,7 +194,8 @@ class StageTerms:
         )
         self.options = PipelineOptions.given(
             options, mode=mode, spectrain_target=spectrain_target, micro_batches=micro_batches,
-            schedule=schedule, recompute=recompute, replicas=replicas)
+            schedule=schedule, recompute=recompute, replicas=replicas, accumulate=accumulate)
+        self.updates_every = self.options.updates_every(self.num_stages)  # raises for A < N
         self.mode, self.spectrain_target = self.options.mode, self.options.spectrain_target
         self.schedule, self.recompute = self.options.schedule, self.options.recompute
         self.micro_batches, self.replicas = self.options.micro_batches, self.options.replicas
@@ -258,11 +289,12 @@ class StageTerms:
             recompute=forward if self.recomputes(k) else 0.0,
             send=self._sends(first, last, k),
             param_bytes=params,
-            optimizer_bytes=self.optimizer_slots * params,
+            optimizer_bytes=self.slots(k) * params,
             activation_bytes=self._activation_bytes(first, last, k),
-            stash_bytes=self._stashed_versions(k) * params,
+            stash_bytes=self.stashed_versions(k) * params,
             sent_bytes=self._handed_bytes(first, last)[0],
             allreduce=self.allreduce(params, k),
+            gradient_bytes=self.gradient_buffers() * params,
         )
 
     def seconds(self, first, last, k):
@@ -283,10 +315,8 @@ class StageTerms:
     def memory_bytes(self, first, last, k):
         """`estimate(first, last, k).memory_bytes`, without building the estimate."""
         params = self._sums[id(self.profiles[k])].params_between(first, last)
-        versions = self._stashed_versions(k)
-        return params * (1 + self.optimizer_slots + versions) + self._activation_bytes(
-            first, last, k
-        )
+        copies = 1 + self.slots(k) + self.stashed_versions(k) + self.gradient_buffers()
+        return params * copies + self._activation_bytes(first, last, k)
 
     def _handed_bytes(self, first, last):
         """Bytes per mini-batch sent on after `last` and received before `first`."""
@@ -303,15 +333,31 @@ class StageTerms:
         kept = n * inputs + acts if self.recomputes(k) else n * (inputs + acts)
         return kept / self.micro_batches  # a micro-batch's bytes: 1 / M of a mini-batch's
 
-    def _stashed_versions(self, k):
+    def slots(self, k):
+        """Optimizer variables per weight on stage `k` (module docstring): `optimizer_slots`,
+        but at least 1 where mode "nesterov" gives plain SGD a momentum (delay > 0)."""
+        if self.mode == "nesterov" and modes.stage_delay(k, self.num_stages) > 0:
+            return max(self.optimizer_slots, 1)
+        return self.optimizer_slots
+
+    def stashed_versions(self, k):
         """Weight versions stage `k` keeps besides its current weights (module docstring)."""
         n = self.batches_in_flight(k)
-        if self.mode == "stash":
+        if self.mode in STASHING:
             return n - 1
+        if self.mode == "2bw":
+            # One update per A >= N mini-batches: the n <= N - k in flight span at most two
+            # versions, and only the newest is the current weights (modes.check_accumulate).
+            return min(n - 1, 1)
         plan = self._plans[k]
         if self.mode != "spectrain" or not (plan.forward_steps or plan.backward_steps):
             return 0  # no prediction (s = 0): the stage runs at its current weights
         return n if self.spectrain_target == "consistent" else 1
+
+    def gradient_buffers(self):
+        """Gradient-sized buffers a stage holds between updates: 1 in mode "2bw" with more
+        than one mini-batch per update (the group's gradient sum), else 0."""
+        return 1 if self.mode == "2bw" and self.updates_every > 1 else 0
 
 
 class _PrefixSums:
