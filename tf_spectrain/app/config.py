@@ -45,7 +45,8 @@ class RunConfig:
     See `python train.py --help` for what each one means. `dataset` None means the
     model's default (`default_dataset`: `digits`, or `pydoc` for `transformer_lm`); the
     model must fit the dataset (images, token sequences, or language modelling).
-    `verbose` is no flag: the Keras
+    `accumulate` None means the number of stages (mode 2bw's mini-batches per update; no
+    other mode takes it). `verbose` is no flag: the Keras
     verbosity of `fit` ("auto", 0, 1 or 2). `cuts` is "auto" (planned from measured time,
     the default; None means the same) or the layer names. Building a `RunConfig` checks
     every field, turns `cuts` into a tuple and path-like paths into strings, and resolves the paths
@@ -69,6 +70,7 @@ class RunConfig:
     schedule: str = "gpipe"
     recompute: str = "auto"
     replicas: int = 1
+    accumulate: int | None = None  # --mode 2bw's mini-batches per update; None: the stages
     stall_timeout: float = 60.0  # seconds without a finished pass; 0: never stop
     memory_limit: str | int | None = None  # per device: bytes, or a size such as "16GiB"
     plan: bool = False

@@ -11,7 +11,7 @@ import os
 
 from tf_spectrain import checks, data, models
 from tf_spectrain.app.kinds import KINDS, dataset_kind, model_kind
-from tf_spectrain.app.trainers import OPTIMIZERS, PRECISIONS
+from tf_spectrain.app.trainers import OPTIMIZERS, PRECISIONS, check_nesterov_optimizer
 from tf_spectrain.costmodel import parse_memory_size
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
@@ -72,6 +72,8 @@ def problems(config):
     if c.limit is not None:
         p.check(checks.check_int, "--limit", c.limit, 1)
     optimizer_ok = p.check(checks.check_one_of, "--optimizer", c.optimizer, OPTIMIZERS)
+    if optimizer_ok:
+        p.check(check_nesterov_optimizer, c.mode, c.optimizer, flags=True)
     # An unknown optimizer has no default --lr or --weight-decay: say nothing of unset ones.
     if optimizer_ok or c.lr is not None:
         p.check(checks.check_number, "--lr", c.lr, 0, strict=True)
@@ -172,6 +174,7 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
             f"no pipeline. Received: --recompute {c.recompute} with --mode {c.mode}"
         )
     devices_ok = _check_replicas(p, c, batch_ok, devices_ok)
+    _check_accumulate(p, c, devices_ok)
     _check_plan_flags(p, c)
     cuts = c.cuts
     if cuts == "auto":
@@ -204,6 +207,35 @@ def _check_pipeline_flags(p, c, batch_ok, devices_ok=True):
                 f"--cuts must name each layer once. Received: --cuts {','.join(cuts)} "
                 f"({', '.join(repeated)} repeated)"
             )
+
+
+def _check_accumulate(p, c, devices_ok):
+    """--accumulate: --mode 2bw's mini-batches per update, an int >= the number of stages
+    (when the devices tell it)."""
+    if c.accumulate is None:
+        return
+    if not p.check(checks.check_int, "--accumulate", c.accumulate, 1,
+                   meaning="mini-batches per update"):
+        return
+    if c.mode != "2bw":
+        p.add(f"--accumulate is for --mode 2bw. Received: --accumulate {c.accumulate} with "
+              f"--mode {c.mode}; leave it out, or use --mode 2bw (one update per "
+              "--accumulate mini-batches)")
+    elif devices_ok and c.accumulate < c.num_stages:
+        p.add(f"--accumulate must be at least the number of stages ({c.num_stages}: "
+              f"{_stages_text(c)}) in --mode 2bw: with fewer mini-batches per update an "
+              "early stage's backward would need a third weight version, and 2BW keeps two "
+              f"(docs/SPECTRAIN.md section 6e). Received: --accumulate {c.accumulate}; "
+              f"leave it out for {c.num_stages}, or give more")
+
+
+def _stages_text(c):
+    """Where the number of stages comes from, for messages: `--gpus 4`, ...."""
+    if c.cluster is None:
+        where = f"--gpus {c.gpus}"
+    else:
+        where = f"--cluster with --gpus-per-host {c.gpus_per_host or 1}"
+    return where if c.replicas == 1 else f"{where} over --replicas {c.replicas}"
 
 
 def _check_plan_flags(p, c):

@@ -11,13 +11,17 @@ import dataclasses
 
 from tf_spectrain.app.config import RunConfig
 from tf_spectrain.app.config_checks import flag
+from tf_spectrain.app.trainers import NESTEROV_OPTIMIZERS
 
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunConfig)}
 MODE_HELP = (
     "pipelines of --gpus stages: spectrain (SpecTrain weight prediction), stash (PipeDream "
     "weight stashing), vanilla (naive, stale), sync (sequential SGD; GPipe or 1F1B-flush "
-    "with --micro-batches); baselines: single (one device), dp (data parallelism with "
-    "tf.distribute.MirroredStrategy)"
+    "with --micro-batches), nesterov (weight stashing, each stage's optimizer in its "
+    "Nesterov form with the momentum raised by the stage's delay; --optimizer "
+    f"{' or '.join(NESTEROV_OPTIMIZERS)}), 2bw (PipeDream-2BW: weight stashing, one update "
+    "per --accumulate mini-batches, at most two weight versions per stage); baselines: "
+    "single (one device), dp (data parallelism with tf.distribute.MirroredStrategy)"
 )
 
 
@@ -129,6 +133,13 @@ def _add_pipeline(add):
         "them and each stage's gradients are summed over its copies before every update",
     )
     add(
+        "accumulate",
+        type=int,
+        help="--mode 2bw: mini-batches per update (their mean gradient is applied once per "
+        "ACCUMULATE mini-batches, and at each epoch's end); at least the number of stages, "
+        "which is the default",
+    )
+    add(
         "stall_timeout",
         type=float,
         help="seconds in which some stage must finish a pass; otherwise training stops with "
@@ -169,7 +180,9 @@ def _add_training(add):
     add("batch_size", type=int, help="mini-batch size (global)")
     add("optimizer", help="'sgd' (momentum SGD; the default for image models) or 'adamw' "
         "(the default for text models); in spectrain mode either predicts the weights from "
-        "its own next update (docs/SPECTRAIN.md section 6c)")
+        "its own next update (docs/SPECTRAIN.md section 6c); in nesterov mode each stage "
+        "runs its Nesterov form (sgd: SGD with nesterov=True; adamw: NAdam), the momentum "
+        "(or beta_1) raised by the stage's delay (section 6e)")
     add("lr", type=float, help="learning rate (default: 0.01 with sgd, 0.001 with adamw)")
     add("momentum", type=float, help="SGD momentum (sgd only)")
     add("weight_decay", type=float,

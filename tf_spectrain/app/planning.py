@@ -39,7 +39,8 @@ two (docs/COSTMODEL.md)."""
 
 def optimizer_slots(config):
     """Optimizer variables per weight of the run's optimizer: AdamW 2, momentum SGD 1,
-    plain SGD (`--momentum 0`) 0."""
+    plain SGD (`--momentum 0`) 0 (the planner prices `--mode nesterov`'s Nesterov form of
+    it: the same slots, and a momentum on every stage but the last)."""
     if config.optimizer == "adamw":
         return 2
     return 1 if config.momentum > 0 else 0
@@ -56,7 +57,7 @@ def stage_layout(config, device_names):
         options = PipelineOptions(
             mode=config.mode, spectrain_target=config.spectrain_target,
             micro_batches=config.micro_batches, schedule=config.schedule,
-            recompute=config.recompute)
+            recompute=config.recompute, accumulate=config.accumulate)
         cuts = config.cuts if config.cuts == "auto" else list(config.cuts)
         return (device_names[:config.num_stages], config.batch_size // config.replicas, cuts,
                 options)

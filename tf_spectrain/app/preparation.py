@@ -12,7 +12,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_spectrain import checkpoint, data, devices, models
+from tf_spectrain import checkpoint, data, devices, models, prediction
 from tf_spectrain.app import trainers
 from tf_spectrain.app.config import RunConfig, as_run_config
 from tf_spectrain.callbacks import PipelineCheckpoint
@@ -96,6 +96,13 @@ def _say_what_changed(saved, pipe, config):
         print(f"--resume: the checkpoint was trained by {replicas} "
               f"replica{'s' if replicas > 1 else ''} of the pipeline, this run has "
               f"{pipe.replicas}; each starts from the checkpoint's state.", flush=True)
+    accumulate = saved.get("accumulate")
+    now = pipe.options.updates_every(pipe.num_stages)
+    if pipe.mode == "2bw" and isinstance(accumulate, int) and accumulate != now:
+        print(f"--resume: the checkpoint was trained with one update per {accumulate} "
+              f"mini-batches, this run makes one per {now} (--accumulate"
+              f"{'' if config.accumulate is not None else ': the number of stages'}).",
+              flush=True)
     micro = saved.get("micro_batches")
     if isinstance(micro, int) and micro != pipe.micro_batches:
         print(f"--resume: the checkpoint was trained with {micro} "
@@ -126,7 +133,8 @@ def prepare(config):
     The modes: `single` (the whole model on the first device, plain `model.fit`), `dp`
     (data parallelism over all devices with `tf.distribute.MirroredStrategy`, the baseline
     the SpecTrain paper compares against) and the pipelines `sync`, `vanilla`, `stash`,
-    `spectrain` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see SPECTRAIN.md). With
+    `spectrain`, `nesterov`, `2bw` (a `tf_spectrain.PipelineModel` of `--gpus` stages, see
+    SPECTRAIN.md; `--accumulate` is 2bw's mini-batches per update). With
     `resume`, the newest checkpoint is restored (with this run's `--lr`), after a check of
     its settings that comes before any model is built; a pipeline's is re-cut when this run
     has other cuts or devices for another number of stages (`--cuts auto` keeps the
@@ -205,6 +213,7 @@ def prepare(config):
         precision=config.precision,
         steps_per_execution=config.steps_per_execution,
         memory_limit=config.memory_limit,
+        accumulate=config.accumulate,
     )
     model = checkpoint.trainer_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
@@ -248,10 +257,25 @@ def describe(run):
         return (
             f"{what}: {copies}{config.mode} pipeline of {pipe.num_stages} stages on "
             f"{where}, cut after {', '.join(pipe.cuts) or 'nothing'}"
-            f"{_resume_note(run)}"
+            f"{_mode_note(pipe)}{_resume_note(run)}"
         )
     where = ", ".join(run.device_names) if config.mode == "dp" else run.device_names[0]
     return f"{what}: {config.mode} on {where}{_resume_note(run)}"
+
+
+def _mode_note(pipe):
+    """What `describe`'s line adds for modes nesterov and 2bw: each stage's optimizer, or
+    the mini-batches per update."""
+    if pipe.mode == "2bw":
+        every = pipe.options.updates_every(pipe.num_stages)
+        return f"; one update per {every} mini-batch{'es' if every > 1 else ''}"
+    if pipe.mode != "nesterov":
+        return ""
+    forms = [prediction.unwrapped(o) for o in pipe.stage_optimizers]
+    sgd = isinstance(forms[0], keras.optimizers.SGD)
+    name = "momentum" if sgd else "beta_1"
+    values = ", ".join(f"{float(getattr(o, name)):.4g}" for o in forms)
+    return f"; {'Nesterov SGD' if sgd else 'NAdam'} per stage, {name} {values}"
 
 
 def _resume_note(run):

@@ -6,9 +6,10 @@ mode means the same model, optimizer and placement everywhere:
 - `single`: the model on the first device, `keras.optimizers.SGD` (or AdamW);
 - `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`;
 - a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
-  `SpecTrainSGD` (or AdamW, wrapped in `SpecTrain` in spectrain mode) in every stage, the
-  model built on `/CPU:0` when the devices are not all CPUs (the stages are placed
-  copies).
+  `SpecTrainSGD` (or AdamW, wrapped in `SpecTrain` in spectrain mode) in every stage (in
+  nesterov mode the pipeline gives each stage the Nesterov form of it instead:
+  `prediction.nesterov_form`), the model built on `/CPU:0` when the devices are not all
+  CPUs (the stages are placed copies).
 
 Every mode builds its model under the Keras dtype policy `precision` (`PRECISIONS`).
 """
@@ -52,6 +53,10 @@ def precision_policy(precision):
 
 
 OPTIMIZERS = ("sgd", "adamw")
+NESTEROV_FORMS = ("sgd", "adam", "adamw", "nadam")
+"""The optimizers that have a Nesterov form (`prediction.nesterov_form`), by `--optimizer` name."""
+NESTEROV_OPTIMIZERS = tuple(name for name in OPTIMIZERS if name in NESTEROV_FORMS)
+"""The `OPTIMIZERS` that mode `nesterov` takes."""
 # The default learning rate and weight decay of each optimizer (train.py's --lr and
 # --weight-decay): SGD's suit the image models, AdamW's the text models.
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
@@ -90,6 +95,32 @@ def make_optimizer(name, learning_rate, momentum=0.0, weight_decay=None, pipelin
     return sgd(cls, learning_rate, momentum, weight_decay)
 
 
+def check_nesterov_optimizer(mode, optimizer, flags=False):
+    """Refuses in mode `"nesterov"` an optimizer of `OPTIMIZERS` that has no Nesterov form.
+
+    Args:
+        mode: the run's mode.
+        optimizer: a name of `OPTIMIZERS`.
+        flags: whether the message names train.py's flags (`--optimizer`) or the arguments.
+
+    Raises:
+        ValueError: mode `"nesterov"` with an optimizer not in `NESTEROV_OPTIMIZERS`; the
+            message names those.
+    """
+    if mode != "nesterov" or optimizer in NESTEROV_OPTIMIZERS:
+        return
+    supported = " or ".join(NESTEROV_OPTIMIZERS)
+    if flags:
+        received = f"--optimizer {optimizer} with --mode nesterov; use --optimizer {supported}"
+    else:
+        received = f"optimizer={optimizer!r} with mode='nesterov'; use {supported}"
+    raise ValueError(
+        f"{'--mode' if flags else 'mode'} nesterov runs each stage's optimizer in its "
+        f"Nesterov form, which only {' and '.join(NESTEROV_OPTIMIZERS)} have here "
+        f"(docs/SPECTRAIN.md section 6e). Received: {received}, or another mode"
+    )
+
+
 def build_trainer(
     build_model,
     mode,
@@ -111,6 +142,7 @@ def build_trainer(
     precision="float32",
     steps_per_execution="auto",
     memory_limit=None,
+    accumulate=None,
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -143,19 +175,24 @@ def build_trainer(
             is the pipeline's default, and 1 (Keras' default) for `single` and `dp`.
         memory_limit: pipelines with "auto" cuts: None or the memory each device may use
             (bytes, or a size such as "16GiB"); only cuts whose stages fit are planned.
+        accumulate: mode `"2bw"`: mini-batches per update, an int >= the number of stages,
+            or None for that number (`PipelineModel`); None in every other mode.
 
     Returns:
         The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
 
     Raises:
-        ValueError: for an unknown mode, optimizer or precision, or no devices (and what
-            `PipelineModel` raises).
+        ValueError: for an unknown mode, optimizer or precision, an optimizer mode
+            `"nesterov"` has no form of (`NESTEROV_OPTIMIZERS`), `accumulate` outside mode
+            `"2bw"`, or no devices (and what `PipelineModel` raises).
         TypeError: if `build_model` is not a function (a model is not) or `devices` not a
             list or tuple.
     """
     checks.check_one_of("mode", mode, modes.ALL_MODES)
     checks.check_one_of("precision", precision, PRECISIONS)
     checks.check_one_of("optimizer", optimizer, OPTIMIZERS)
+    check_nesterov_optimizer(mode, optimizer)
+    modes.check_accumulate(accumulate, mode)
     if isinstance(build_model, keras.Model) or not callable(build_model):
         raise TypeError(
             "`build_model` must be a function of no arguments that returns a new "
@@ -200,6 +237,7 @@ def build_trainer(
         replicas=replicas,
         profile_batch_size=max(1, batch_size // replicas),  # what each replica runs
         memory_limit=None if memory_limit is None else parse_memory_size(memory_limit),
+        accumulate=accumulate,
     )
     pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics,
                  steps_per_execution=steps_per_execution)

@@ -11,7 +11,7 @@ stages, devices or replicas:
 | `model/slots/{name}/{i}`         | the optimizer slot `name` (`momentums`, `_velocities`, |
 |                                  | `SpecTrain.last_updates`, ...) of `model.variables[i]` |
 | `stage{k}/optimizer/{name}`      | stage k's optimizer scalar (`_iterations`,            |
-|                                  | `_learning_rate`, ...)                                |
+|                                  | `_learning_rate`, Nadam's `_u_product`, ...)          |
 | `stage{k}/optimizer_other/{j}`   | stage k's optimizer variable of no known role (rare:  |
 |                                  | restored only into the same cuts)                     |
 | `stage{k}/loss_scale/{j}`        | stage k's dynamic loss scale and its growth counter   |

@@ -19,6 +19,9 @@ from tf_spectrain.checkpoint import layout
 from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.workflow import optimizer_view
 
+U_PRODUCT = "_u_product"
+"""The scalar of Keras' `Nadam` (and `prediction.Nadam`) that depends on `beta_1`."""
+
 
 def _model_indices(pipe):
     """`{id(variable): index}` over the wrapped model's variables."""
@@ -98,7 +101,8 @@ def assignments(pipe, arrays, saved, path):
     The checkpoint's stages may be cut elsewhere and be more or fewer: every variable and
     slot is found by its model index; the scalars of each stage (update count, learning
     rate) and its loss scale come from the saved stage `layout.stage_source` and
-    `layout.loss_scale_source` choose.
+    `layout.loss_scale_source` choose, except that on another number of stages a Nadam's
+    `_u_product` is recomputed for the stage's own `beta_1` (`nadam_u_product`).
 
     Args:
         pipe: the compiled `PipelineModel`.
@@ -139,7 +143,12 @@ def assignments(pipe, arrays, saved, path):
                     f"into the checkpoint's cuts {saved.get('cuts')}. Received: cuts="
                     f"{pipe.cuts}"
                 )
-            found.append((v, checked_array(arrays, key, v, path)))
+            value = checked_array(arrays, key, v, path)
+            if saved_stages != pipe.num_stages and key == layout.scalar_key(source, U_PRODUCT):
+                count = checked_array(arrays, layout.scalar_key(source, "_iterations"),
+                                      optimizer.iterations, path)
+                value = nadam_u_product(optimizer, count, value)
+            found.append((v, value))
             used.add(key)
     extra = sorted(k for k in arrays if k.startswith("model/") and k not in used)
     if extra:
@@ -149,6 +158,35 @@ def assignments(pipe, arrays, saved, path):
             "optimizer."
         )
     return found
+
+
+def nadam_u_product(optimizer, iterations, saved):
+    """Nadam's running product of its momentum schedule after `iterations` updates at the
+    optimizer's own `beta_1` (and `momentum_decay`: 1.0 for Keras' Nadam).
+
+    Keras' Nadam keeps `prod_t = mu_1 ... mu_t`, `mu_t = beta_1 (1 - 0.5 * 0.96^(d t))`, in
+    one scalar variable per optimizer (`_u_product`). In mode "nesterov" `beta_1` differs per
+    stage (SPECTRAIN.md section 6e), so a stage re-cut from a checkpoint of another number
+    of stages does not take the saved last stage's product (of another `beta_1`) but this:
+    the value it would hold had it always run at its `beta_1`, with the update count it
+    restores.
+
+    Args:
+        optimizer: the stage's optimizer (possibly wrapped).
+        iterations: its restored update count (a scalar array).
+        saved: the saved product it would otherwise take (a scalar array).
+
+    Returns:
+        A NumPy scalar array of `saved`'s dtype: `saved` itself unless `optimizer` is a
+        `keras.optimizers.Nadam`.
+    """
+    inner = prediction.unwrapped(optimizer)
+    if not isinstance(inner, keras.optimizers.Nadam):
+        return saved
+    decay = float(getattr(inner, "momentum_decay", 1.0))
+    steps = np.arange(1, int(np.asarray(iterations)) + 1, dtype=np.float64)
+    mu = float(inner.beta_1) * (1.0 - 0.5 * np.power(0.96, steps * decay))
+    return np.asarray(np.prod(mu), dtype=saved.dtype)
 
 
 def checked_array(arrays, key, variable, path):

@@ -30,8 +30,9 @@ from tf_spectrain.checkpoint.format import CheckpointError
 from tf_spectrain.pipeline_model import PipelineModel
 
 # What must match for a checkpoint to be restored (the caller's metadata keys are added):
-# what decides which weights each pass uses. Not the cuts, the number of stages, replicas
-# or micro-batches: a pipeline checkpoint is re-cut on restore (docs/SPECTRAIN.md, 6d).
+# what decides which weights each pass uses. Not the cuts, the number of stages, replicas,
+# micro-batches or 2bw's `accumulate`: a pipeline checkpoint is re-cut on restore, and is
+# written drained, with no gradient held for a later update (docs/SPECTRAIN.md, 6d).
 COMPARED = (
     "kind",
     "architecture",
@@ -113,10 +114,12 @@ def describe_run(trainer):
         A JSON-serialisable dict: `kind` ("pipeline" or "keras"), `model` (its name),
         `architecture` (layer types and weight shapes), `optimizer` (its class name) and,
         for a pipeline, `num_stages`, `cuts`, `mode`, `spectrain_target`, `micro_batches`,
-        `replicas` and `loss_scale` ("dynamic") when its loss is scaled (a Keras model's
-        optimizer is then a `LossScaleOptimizer`). Only `kind`, `architecture`, `mode`,
-        `spectrain_target`, `optimizer` and `loss_scale` must match on restore
-        (`COMPARED`).
+        `replicas`, `accumulate` in mode "2bw" (mini-batches per update) and `loss_scale`
+        ("dynamic") when its loss is scaled (a Keras model's optimizer is then a
+        `LossScaleOptimizer`). Only `kind`, `architecture`, `mode`, `spectrain_target`,
+        `optimizer` and `loss_scale` must match on restore (`COMPARED`): a checkpoint is
+        written drained, with no gradient held for a later 2bw update, so it resumes with
+        another `accumulate` (as with another number of micro-batches).
 
     Raises:
         TypeError: `trainer` is neither a `PipelineModel` nor a `keras.Model`.
@@ -145,6 +148,8 @@ def describe_run(trainer):
             micro_batches=trainer.micro_batches,
             replicas=trainer.replicas,
         )
+        if trainer.mode == "2bw":  # what an update averages; a drained state holds no part
+            info["accumulate"] = trainer.options.updates_every(trainer.num_stages)
         if trainer.runners[-1].loss_scale is not None:
             info["loss_scale"] = "dynamic"
     return info
