@@ -33,7 +33,8 @@ def parse_error(capsys, argv):
          r"--model must be one of .*Received: --model vgg61; did you mean 'vgg16'"),
         (["--dataset", "cifar"], r"--dataset must be one of .*Received: --dataset cifar"),
         (["--mode", "pipe"],
-         r"--mode must be one of \['sync', 'vanilla', 'stash', 'spectrain', 'single', 'dp'\]"),
+         r"--mode must be one of \['sync', 'vanilla', 'stash', 'spectrain', 'nesterov', '2bw', "
+         r"'single', 'dp'\]"),
         (["--mode", "spectran"], r"Received: --mode spectran; did you mean 'spectrain'"),
         (["--spectrain-target", "papr"],
          r"--spectrain-target must be one of \['paper', 'consistent'\]"),

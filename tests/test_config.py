@@ -94,7 +94,8 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
         RunConfig(gpus=0, epochs=0, momentum=1.0, mode="pipe")
     assert info.value.errors == [
-        "--mode must be one of ['sync', 'vanilla', 'stash', 'spectrain', 'single', 'dp']. "
+        "--mode must be one of ['sync', 'vanilla', 'stash', 'spectrain', 'nesterov', '2bw', "
+        "'single', 'dp']. "
         "Received: --mode pipe",
         "--gpus must be an integer >= 1. Received: --gpus 0",
         "--epochs must be an integer >= 1. Received: --epochs 0",
@@ -149,7 +150,7 @@ def test_micro_batch_schedule_and_recompute_rules():
     assert info.value.errors == [
         "--micro-batches > 1 splits the mini-batches of a pipeline; --mode single is no "
         "pipeline. Received: --micro-batches 2 with --mode single; use one of --mode sync, "
-        "vanilla, stash, spectrain",
+        "vanilla, stash, spectrain, nesterov, 2bw",
         "--schedule 1f1b orders the micro-batches of --mode sync; --mode single has its own "
         "schedule. Received: --schedule 1f1b with --mode single; use --mode sync, or "
         "--schedule gpipe (the default)",

@@ -44,9 +44,14 @@ def test_pipeline_modes_build_a_compiled_pipeline(mode):
     assert pipe.devices == DEVICES
     # The default: cuts planned from measured time (which ones depends on the timings).
     assert pipe.planned_cuts and pipe.cuts == pipe.partition_plan.cuts and len(pipe.cuts) == 1
-    assert all(type(o) is SpecTrainSGD for o in pipe.stage_optimizers)
-    for optimizer in checkpoint.trainer_optimizers(pipe):
-        assert _settings(optimizer) == pytest.approx((0.05, 0.8, 1e-4))
+    if mode == "nesterov":  # each stage's Nesterov form, its momentum raised by its delay
+        assert all(type(o) is keras.optimizers.SGD and o.nesterov for o in pipe.stage_optimizers)
+        momenta = [modes.nesterov_coefficient(0.8, k, 2) for k in range(2)]
+    else:
+        assert all(type(o) is SpecTrainSGD for o in pipe.stage_optimizers)
+        momenta = [0.8, 0.8]
+    for optimizer, momentum in zip(checkpoint.trainer_optimizers(pipe), momenta):
+        assert _settings(optimizer) == pytest.approx((0.05, momentum, 1e-4))
     assert checkpoint.trainer_model(pipe) is pipe.model
     # The caller's seed gives the weights: the same as a model built right after it.
     for a, b in zip(pipe.model.get_weights(), mlp().get_weights()):

@@ -63,8 +63,8 @@ import math
 
 from tf_spectrain import checks
 from tf_spectrain import schedule as schedule_lib
+from tf_spectrain.costmodel import term_checks
 from tf_spectrain.costmodel.links import link_seconds, ring_seconds
-from tf_spectrain.costmodel.profile import ModelProfile
 from tf_spectrain.schedule import modes
 from tf_spectrain.schedule.options import PipelineOptions
 
@@ -188,7 +188,7 @@ class StageTerms:
         accumulate=None,
     ):
         self.num_stages = checks.check_int("num_stages", num_stages, 1, meaning="stages")
-        self.profiles = _check_profiles(profiles, self.num_stages)
+        self.profiles = term_checks.check_profiles(profiles, self.num_stages)
         self.batch_size = checks.check_int(
             "batch_size", batch_size, 1, meaning="examples per mini-batch"
         )
@@ -207,10 +207,10 @@ class StageTerms:
             "optimizer_slots", optimizer_slots, 0.0, meaning="optimizer variables per weight"
         )
         speed = checks.check_number("relative_speed", relative_speed, 0.0, strict=True)
-        self.hop_links = _check_links(
+        self.hop_links = term_checks.check_links(
             "hop_links", hop_links, self.num_stages - 1, [(self.bandwidth, self.latency)]
         )
-        self.ring_links = _check_links("ring_links", ring_links, self.num_stages, [])
+        self.ring_links = term_checks.check_links("ring_links", ring_links, self.num_stages, [])
         examples = self.batch_size / self.replicas
         self.last_layer = len(self.profiles[0]) - 1
         self._sums = {}
@@ -379,57 +379,3 @@ class _PrefixSums:
     def params_between(self, first, last):
         """Weight bytes of layers `first..last`."""
         return self.params[last + 1] - self.params[first]
-
-
-def _check_profiles(profiles, num_stages):
-    """One profile per stage, all of the same layers."""
-    if isinstance(profiles, ModelProfile):
-        return [profiles] * num_stages
-    if not isinstance(profiles, (list, tuple)) or not all(
-        isinstance(p, ModelProfile) for p in profiles
-    ):
-        raise TypeError(
-            "`profiles` must be a ModelProfile or a list of them, one per stage. "
-            f"Received: profiles={profiles!r:.200}"
-        )
-    if len(profiles) != num_stages:
-        raise ValueError(
-            f"`profiles` must hold one profile per stage: {num_stages} stages but "
-            f"{len(profiles)} profiles."
-        )
-    names = profiles[0].names
-    for k, p in enumerate(profiles):
-        if p.names != names:
-            raise ValueError(
-                f"`profiles` must all describe the same layers: profiles[{k}] ('{p.name}') "
-                f"differs from profiles[0] ('{profiles[0].name}')."
-            )
-    return list(profiles)
-
-
-def _check_links(name, links, length, default):
-    """`links` as `length` lists of `(bandwidth, latency)`; None gives `default` each."""
-    if links is None:
-        return [list(default)] * length
-    if not isinstance(links, (list, tuple)) or len(links) != length:
-        raise ValueError(
-            f"`{name}` must be a list of {length} lists of (bandwidth, latency), one per "
-            f"{'hop' if name == 'hop_links' else 'stage'}. Received: {name}={links!r:.200}"
-        )
-    out = []
-    for i, group in enumerate(links):
-        checks.check_instance(f"{name}[{i}]", group, (list, tuple), " of (bandwidth, latency)")
-        pairs = []
-        for link in group:
-            if not isinstance(link, (list, tuple)) or len(link) != 2:
-                raise TypeError(
-                    f"`{name}[{i}]` must hold (bandwidth, latency) pairs. Received: {link!r}"
-                )
-            bandwidth, latency = link
-            pairs.append((
-                checks.check_number(f"{name}[{i}] bandwidth", bandwidth, 0.0, strict=True,
-                                    allow_inf=True, meaning="bytes per second"),
-                checks.check_number(f"{name}[{i}] latency", latency, 0.0, meaning="seconds"),
-            ))
-        out.append(pairs)
-    return out

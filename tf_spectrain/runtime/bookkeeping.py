@@ -197,7 +197,7 @@ class TrainLogs:
             The message: the step, the first non-finite stage pass (stage, device, pass,
             mini-batch) and its learning rate when known, and what to try next.
         """
-        firsts = [(r.first_non_finite(), r) for r in self.runners]  # (order, kind, key)
+        firsts = [(_first_non_finite(r), r) for r in self.runners]  # (order, kind, key)
         firsts = [(f, r) for f, r in firsts if f is not None]
         steps = self.progress.epoch_progress[2] if self.progress.epoch_progress else 0
         text = (
@@ -220,3 +220,12 @@ class TrainLogs:
             "lower learning rate, or fit(on_nan='skip') (train.py --on-nan skip) to leave "
             "out mini-batches whose loss or gradients are not finite."
         )
+
+
+def _first_non_finite(runner):
+    """`(end_time, kind, key)` of the earliest of a stage's last 64 passes whose outputs or
+    gradients were not all finite, or None."""
+    for end, kind, key, finite in list(runner.events):
+        if not bool(finite):
+            return end, kind, key
+    return None

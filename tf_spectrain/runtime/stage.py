@@ -68,8 +68,8 @@ class StageRunner:
 
     Layer losses (regularizers, `add_loss`) join the stage's objective, as in `model.fit`;
     `penalties[i]` keeps them per mini-batch for the reported loss. Each pass also flags,
-    on the device and without a wait, whether its values are finite (`first_non_finite()`
-    reads the flags); with `skip_non_finite`, `update` skips, and counts in `skipped`, a
+    on the device and without a wait, whether its values are finite (in `events`, which
+    `runtime.bookkeeping` reads); with `skip_non_finite`, `update` skips, and counts in `skipped`, a
     non-finite gradient. `probe` (a `runtime.probe.WeightProbe`, or None) measures
     prediction errors.
     """
@@ -257,21 +257,21 @@ class StageRunner:
     def update(self, learning_rate=None, squares=None, finite=None, apply=True):
         """Applies the pending gradient (`StageUpdate.update`), on the stage's timeline."""
         start = time.perf_counter()
-        if not self.updater.update(learning_rate, squares, finite, apply):
-            return  # mode 2bw: the gradient keeps adding up
-        self.memory.updated()
-        self.timeline.append(("update", None, start, time.perf_counter()))
-        if self.probe is not None:
-            self.probe.after_update()
+        if self.updater.update(learning_rate, squares, finite, apply):  # 2bw may hold it
+            self._updated(start)
 
     def flush(self):
         """Applies the held gradients of an unfinished 2bw group (`StageUpdate.flush`)."""
         start = time.perf_counter()
         if self.updater.flush():
-            self.memory.updated()
-            self.timeline.append(("update", None, start, time.perf_counter()))
-            if self.probe is not None:
-                self.probe.after_update()
+            self._updated(start)
+
+    def _updated(self, start):
+        """After an applied update: the memory count, the timeline and the probe."""
+        self.memory.updated()
+        self.timeline.append(("update", None, start, time.perf_counter()))
+        if self.probe is not None:
+            self.probe.after_update()
 
     @property
     def skip_non_finite(self):
@@ -327,18 +327,6 @@ class StageRunner:
         """The trainable weights `W + steps * d` on the stage's device (`steps` > 0: SpecTrain)."""
         with tf.device(self.device):
             return self.passes.weights(steps)
-
-    def first_non_finite(self):
-        """The earliest recent pass that produced a non-finite value, or None.
-
-        Returns:
-            `(end_time, kind, key)` of the first pass (in time) among the last 64 of this
-            stage whose outputs or gradients were not all finite.
-        """
-        for end, kind, key, finite in list(self.events):
-            if not bool(finite):
-                return end, kind, key
-        return None
 
     def reset(self):
         """Forgets in-flight state (after an aborted epoch)."""
