@@ -10,16 +10,17 @@ from tf_spectrain.runtime.state import Progress
 
 
 class _Runner:
-    """What TrainLogs reads of a stage: penalties, the first bad pass, the optimizer."""
+    """What TrainLogs reads of a stage: penalties, its recent passes, the optimizer.
+
+    `first`: `(end, kind, key)` of its one non-finite pass, after a finite one."""
 
     def __init__(self, k, penalties=None, first=None, lr=0.1):
         self.k, self.device = k, f"/CPU:{k}"
         self.penalties = dict(penalties or {})
-        self._first = first
+        self.events = [(0.5, "forward", (0, 0), tf.constant(True))]
+        if first is not None:
+            self.events.append((*first, tf.constant(False)))
         self.optimizer = keras.optimizers.SGD(lr)
-
-    def first_non_finite(self):
-        return self._first
 
 
 def _part(loss, logits, labels):

@@ -446,8 +446,8 @@ def test_window_stage_position(done, k, expected):
 
 def test_after_a_trace_the_first_call_may_build_its_graph():
     """A trace of t seconds allows `INSTANTIATION_PER_TRACE * t` more until the next beat,
-    and while the thread that traced keeps a CPU busy (building the graph) the watch sees
-    it as alive; a thread that only waits is not."""
+    and while the process keeps a tenth of a core busy (building the graph) the watch sees
+    it as alive; a process whose threads only wait is not."""
     progress = stall.Progress()
     seen = {}
 
@@ -471,7 +471,7 @@ def test_after_a_trace_the_first_call_may_build_its_graph():
     assert seen["allowance"] >= stall.INSTANTIATION_PER_TRACE * 0.1
     assert progress.idle_seconds(progress.last + 0.5) < 0.5 - seen["allowance"] + 1e-9
 
-    def shared():  # about a third of a core, as on a machine loaded 3x beyond its cores
+    def shared():  # a third of a core, as on a machine loaded 3x beyond its cores
         until = time.monotonic() + 1.2
         while time.monotonic() < until:
             burst = time.thread_time() + 0.02

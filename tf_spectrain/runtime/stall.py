@@ -10,10 +10,11 @@ hand-off wake at once.
 The clock stops while nothing is owed by the stages: while the caller's thread runs the
 Keras callbacks (`Progress.paused`) and while a graph function is being traced (`tracing`,
 which `runtime.graphs.graph_function` enters in every traced body). After a trace, the
-first call builds the graph (TensorFlow optimises and places it in the calling thread: a
-window of resnet50's stages took about a minute here, 7-15 times its trace): while that
-thread keeps a CPU busy the clock stops too (Linux; elsewhere the first call gets
-`INSTANTIATION_PER_TRACE` times the trace's duration more).
+first call builds the graph (TensorFlow optimises, partitions and places it: a window of
+resnet50's stages took about a minute here, 7-15 times its trace, and an 8-stage language
+model's several minutes beside other jobs): until the next finished pass, while the process
+uses at least `BUILDING_SHARE` of a core the clock stops too, and the first call gets
+`INSTANTIATION_PER_TRACE` times the trace's duration more in any case.
 
 TensorFlow cannot cancel an op that runs (a `py_function` that sleeps, a collective whose
 peer is gone): a thread inside one stays there. `join_or_leave` leaves such a thread behind
@@ -22,7 +23,6 @@ returned, since it would still change their weights when it does. Pure Python.
 """
 
 import contextlib
-import os
 import threading
 import time
 
@@ -123,7 +123,7 @@ class Progress:
         self.records = []
         self.last = time.monotonic()
         self.allowance = 0.0  # extra seconds until the next beat (see `tracing`)
-        self._building = {}  # native thread id -> its CPU seconds at the last look
+        self._building = None  # after a trace: the process' CPU seconds at the last look
         self._pauses = 0
         self._lock = threading.Lock()
 
@@ -144,32 +144,25 @@ class Progress:
         """A pass finished (or something else showed the run is alive)."""
         self.last = time.monotonic()
         self.allowance = 0.0
-        self._building = {}
+        self._building = None
 
     def building(self):
-        """The calling thread has traced a graph function: until the next beat, while it
-        keeps a CPU busy it is building that graph (see `still_building`)."""
-        tid = threading.get_native_id()
-        cpu = _thread_cpu_seconds(tid)
-        if cpu is not None:
-            building = dict(self._building)  # the watch iterates over the old one
-            building[tid] = cpu
-            self._building = building
+        """A graph function was traced: until the next beat, while the process keeps
+        `BUILDING_SHARE` of a core busy it is building that graph (`still_building`)."""
+        self._building = time.process_time()
 
     def still_building(self, seconds):
-        """Whether a thread that traced has used at least a tenth of the last `seconds` of
-        CPU time (TensorFlow optimising and placing the new graph, on its first call, in
-        the calling thread); a run that computes waits in that thread instead, using next
-        to no CPU. A tenth, not more: on a machine loaded 5x beyond its cores the building
-        thread gets about a fifth of a core (a run of 8-stage windows beside other jobs
-        was stopped falsely at one half)."""
-        busy = False
-        for tid, before in list(self._building.items()):
-            now = _thread_cpu_seconds(tid)
-            if now is None:
-                continue
-            busy = busy or now - before >= BUILDING_SHARE * seconds
-            self._building[tid] = now
+        """Whether, after a trace and before the next beat, the process used at least
+        `BUILDING_SHARE` of the last `seconds` of CPU time: TensorFlow optimising,
+        partitioning and placing the new graph on its first call. A run whose stages all
+        wait uses next to none. The whole process is measured, not the thread that traced:
+        TensorFlow builds a multi-device function's parts in threads of its own, and a
+        thread-level rule stopped an 8-stage run beside other jobs falsely."""
+        if self._building is None:
+            return False
+        now = time.process_time()
+        busy = now - self._building >= BUILDING_SHARE * seconds
+        self._building = now
         return busy
 
     def allow(self, seconds):
@@ -203,7 +196,8 @@ class Progress:
 
 
 BUILDING_SHARE = 0.1
-"""The share of a core a thread that traced must use to be taken as building its graph."""
+"""The share of a core the process must use after a trace to be taken as building a graph:
+a tenth, as a machine loaded 5x beyond its cores still gives it about a fifth."""
 
 INSTANTIATION_PER_TRACE = 10.0
 """After a trace of t seconds, the first pass may take `INSTANTIATION_PER_TRACE * t` more:
@@ -224,16 +218,6 @@ def tracing():
         yield
     progress.allow(INSTANTIATION_PER_TRACE * (time.monotonic() - started))
     progress.building()
-
-
-def _thread_cpu_seconds(native_id):
-    """The CPU seconds a thread of this process has used (Linux), or None elsewhere."""
-    try:
-        with open(f"/proc/self/task/{native_id}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
 
 
 class StallWatch:
