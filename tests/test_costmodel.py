@@ -14,7 +14,8 @@ from tf_spectrain import costmodel
 # --- the pure parts stay pure -------------------------------------------------------------
 
 PURE = ["../checks", "hardware", "links", "profile", "simulate", "predict", "async_pipeline",
-        "sync_pipeline", "planning", "__init__"]
+        "sync_pipeline", "planning", "stage_terms", "term_checks", "plan", "run_plan",
+        "__init__"]
 
 
 @pytest.mark.parametrize("module", PURE)

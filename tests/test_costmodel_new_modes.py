@@ -9,9 +9,7 @@ planner's `memory_limit` against a brute force, and the plan's tables and hints.
   one gradient-sized sum held between updates; the time of `stash` (no flush).
 """
 
-import ast
 import itertools
-import pathlib
 import random
 
 import pytest
@@ -326,18 +324,3 @@ def test_memory_benchmark_table_shows_measured_and_priced_copies():
     assert lines[2].startswith("| 2bw | always | 8 / 6 / 4 / 2 (as scheduled) |")
     assert lines[2].endswith("| 1 / 1 / 1 / 0; 1 / 1 / 1 / 0 |")
     assert lines[3].endswith("| -; 3 / 2 / 1 / 0 |")
-
-
-# --- the pure parts stay pure -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("module", ["stage_terms", "plan", "run_plan", "planning"])
-def test_pricing_modules_import_no_tensorflow(module):
-    path = pathlib.Path(costmodel.__file__).parent / f"{module}.py"
-    imported = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert not imported & {"tensorflow", "keras", "numpy"}

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import spectrain_reference as ref
+from test_faults import StopAt
 from test_pipeline_modes import (
     BATCH,
     EPOCHS,
@@ -148,16 +149,6 @@ def test_2bw_with_replicas_matches_the_reference(problem):
     assert max_diff(got, want) < ATOL
 
 
-class _StopAfter(keras.callbacks.Callback):
-    def __init__(self, batch):
-        super().__init__()
-        self.batch = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == self.batch:
-            self.model.stop_training = True
-
-
 def test_2bw_stopped_mid_group_applies_what_it_held(problem):
     # Stopped after mini-batch 0 of an epoch of 5 (groups of 4): the mini-batches already fed
     # finish, and their unfinished group is applied at the stop, as in an epoch of that many.
@@ -170,7 +161,7 @@ def test_2bw_stopped_mid_group_applies_what_it_held(problem):
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
     pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-             callbacks=[_StopAfter(0)])
+             callbacks=[StopAt(0)])
     done = pipe.epoch_progress[1]
     assert 1 <= done < NUM_BATCHES
     final, _ = ref.train_reference(params, STAGE_SIZES[3], batches[:done], mode="2bw", lr=LR,
