@@ -339,8 +339,9 @@ class Runner:
     A trainer (a compiled `keras.Model` for `single`/`dp`, a `PipelineModel` otherwise)
     is built for the first run of its `trainer_key`. Before every run it gets the run's
     initial weights (those a fresh model built after `keras.utils.set_random_seed(seed)`
-    has: the same for every configuration), every optimizer variable is zeroed (momentum,
-    iteration count) and the learning rate set. A reused trainer then trains exactly as a
+    has: the same for every configuration), every optimizer variable gets back the value it
+    had before any step (momentum, iteration count: 0; NAdam's running product: 1) and the
+    learning rate is set. A reused trainer then trains exactly as a
     new one would, without tracing its functions again (`tests/test_benchmarks.py` checks
     this).
 
@@ -355,6 +356,7 @@ class Runner:
         self.devices = list(devices)
         self.data_dir = data_dir
         self._trainers = {}
+        self._fresh = {}
         self._initial = {}
 
     def initial_weights(self, model_name, seed):
@@ -386,7 +388,11 @@ class Runner:
             precision=spec.precision,
         )
         cuts = None if mode in BASELINES else trainer.cuts
-        return trainer, checkpoint.trainer_optimizers(trainer), cuts
+        optimizers = checkpoint.trainer_optimizers(trainer)
+        # Each optimizer variable's value before any step (not always 0: NAdam's running
+        # product of its momentum schedule starts at 1), for `trainer` to restore.
+        self._fresh[spec.trainer_key] = [[v.numpy() for v in o.variables] for o in optimizers]
+        return trainer, optimizers, cuts
 
     def trainer(self, spec):
         """The trainer of `spec`, reset for it: `(trainer, cuts)`."""
@@ -400,9 +406,9 @@ class Runner:
         trainer, optimizers, cuts = self._trainers[key]
         model = checkpoint.trainer_model(trainer)
         model.set_weights(self.initial_weights(spec.model, spec.seed))
-        for optimizer in optimizers:
-            for variable in optimizer.variables:
-                variable.assign(tf.zeros(variable.shape, variable.dtype))
+        for optimizer, fresh in zip(optimizers, self._fresh[key]):
+            for variable, value in zip(optimizer.variables, fresh):
+                variable.assign(tf.constant(value, variable.dtype))
             optimizer.learning_rate = spec.lr
         return trainer, cuts
 

@@ -14,8 +14,10 @@ import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from benchmarks import accuracy, common, prediction
+from tf_spectrain import checkpoint
 
 N = 4
 LR = 0.01
@@ -466,3 +468,21 @@ def test_the_language_models_test_loss_table_gives_mean_spread_and_perplexity():
     assert "| sync | 2.100 ± 0.141 (8.2) |" in text  # exp(2.1) = 8.17
     assert "| stash | 3.000 ± 0.000 (20.1) |" in text
     assert "| vanilla | n/a |" in text
+
+
+def test_a_reused_trainer_gets_its_optimizers_fresh_values_back():
+    # NAdam (mode nesterov with AdamW) keeps a running product that starts at 1, not 0.
+    spec = common.RunSpec("small_cnn", "nesterov", 2, 0.001, 0, 1, optimizer="adamw",
+                          weight_decay=0.01)
+    runner = common.Runner(common.prepare_tensorflow(2))
+    trainer, _ = runner.trainer(spec)
+    optimizers = checkpoint.trainer_optimizers(trainer)
+    fresh = [[v.numpy() for v in o.variables] for o in optimizers]
+    assert any(np.any(value == 1.0) for values in fresh for value in values)
+    for optimizer in optimizers:
+        for variable in optimizer.variables:
+            variable.assign(variable + tf.ones_like(variable))
+    runner.trainer(spec)
+    for optimizer, values in zip(optimizers, fresh):
+        for variable, value in zip(optimizer.variables, values):
+            np.testing.assert_array_equal(variable.numpy(), value)
