@@ -97,6 +97,9 @@ def parse_args(argv):
     p.add_argument("--plot-loss", help="training-loss PNG (default: --plot's name + -loss)")
     p.add_argument("--data-dir", help="tensorflow-datasets dir in which imdb_reviews is prepared "
                    "(models classifier, lstm; see benchmarks/prepare_imdb.py)")
+    p.add_argument("--steps-per-execution", type=_window, default="auto",
+                   help="the pipelines' steps_per_execution: auto (windows) or 1 (pass by "
+                   "pass: no window graphs to build, faster for short runs); the same steps")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results in work-dir")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a group's job file (internal)
     args = p.parse_args(argv)
@@ -110,6 +113,11 @@ def parse_args(argv):
     args.plot = args.plot or os.path.join(args.work_dir, "accuracy.png")
     args.plot_loss = args.plot_loss or os.path.splitext(args.plot)[0] + "-loss.png"
     return args
+
+
+def _window(text):
+    """`--steps-per-execution`: "auto" or an int >= 1."""
+    return text if text == "auto" else common.positive_int(text)
 
 
 def grid(args):
@@ -192,7 +200,8 @@ def child(job_file):
         job = json.load(f)
     specs = [common.RunSpec(**s) for s in job["specs"]]
     devices = common.prepare_tensorflow(max(s.stages for s in specs))
-    run_group(common.Runner(devices, job.get("data_dir")), specs, job["path"])
+    run_group(common.Runner(devices, job.get("data_dir"), job.get("steps_per_execution", "auto")),
+              specs, job["path"])
 
 
 def run_all(specs, args):
@@ -218,7 +227,8 @@ def run_all(specs, args):
         pass
     elif args.workers == 0:
         runner = common.Runner(
-            common.prepare_tensorflow(max(s.stages for s in todo)), args.data_dir
+            common.prepare_tensorflow(max(s.stages for s in todo)), args.data_dir,
+            args.steps_per_execution,
         )
         for group in order:
             run_group(runner, group, _group_file(args.work_dir, group[0].trainer_key))
@@ -238,7 +248,8 @@ def _run_processes(order, args, started):
             with os.fdopen(fd, "w") as f:
                 json.dump({"specs": [s.as_dict() for s in group],
                            "path": _group_file(args.work_dir, group[0].trainer_key),
-                           "data_dir": args.data_dir}, f)
+                           "data_dir": args.data_dir,
+                           "steps_per_execution": args.steps_per_execution}, f)
             cmd, env = common.child_command("benchmarks.accuracy", ["--child", job_file])
             running.append((subprocess.Popen(cmd, env=env), group, job_file))
         time.sleep(1.0)

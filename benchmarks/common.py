@@ -350,11 +350,16 @@ class Runner:
         data_dir: the tensorflow-datasets data directory in which `imdb_reviews` is
             prepared (for the text classifiers; see `benchmarks/prepare_imdb.py`); None
             means tfds' default. Never downloads.
+        steps_per_execution: the pipelines' `compile(steps_per_execution=...)`: "auto"
+            (windows of several mini-batches per graph call) or 1 (pass by pass, which
+            builds no window graphs: faster for short runs of many stages). Both train the
+            same steps.
     """
 
-    def __init__(self, devices, data_dir=None):
+    def __init__(self, devices, data_dir=None, steps_per_execution="auto"):
         self.devices = list(devices)
         self.data_dir = data_dir
+        self.steps_per_execution = steps_per_execution
         self._trainers = {}
         self._fresh = {}
         self._initial = {}
@@ -386,6 +391,7 @@ class Runner:
             spectrain_target=target,
             metrics=["accuracy"],
             precision=spec.precision,
+            steps_per_execution=self.steps_per_execution,
         )
         cuts = None if mode in BASELINES else trainer.cuts
         optimizers = checkpoint.trainer_optimizers(trainer)
