@@ -444,6 +444,33 @@ def test_window_stage_position(done, k, expected):
     assert waiting == expected[1]
 
 
+def test_cpu_use_counts_as_building_only_for_a_while_after_a_trace():
+    """An op that spins for ever right after a trace is not a graph being built for ever:
+    CPU use counts for at most `BUILDING_PER_TRACE` times the trace's duration."""
+    progress = stall.Progress()
+    done = threading.Event()
+
+    def traced_then_spin():
+        progress.attach()
+        with stall.tracing():
+            time.sleep(0.04)  # a limit of 15 x 0.04 = 0.6 s
+        while not done.is_set():
+            pass
+
+    thread = threading.Thread(target=traced_then_spin)
+    thread.start()
+    try:
+        time.sleep(0.1)
+        progress.still_building(0.1)  # the first look after its trace
+        time.sleep(0.2)
+        assert progress.still_building(0.2)
+        time.sleep(0.6)
+        assert not progress.still_building(0.6)
+    finally:
+        done.set()
+        thread.join()
+
+
 def test_after_a_trace_the_first_call_may_build_its_graph():
     """A trace of t seconds allows `INSTANTIATION_PER_TRACE * t` more until the next beat,
     and while the process keeps a tenth of a core busy (building the graph) the watch sees

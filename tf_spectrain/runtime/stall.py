@@ -13,8 +13,10 @@ which `runtime.graphs.graph_function` enters in every traced body). After a trac
 first call builds the graph (TensorFlow optimises, partitions and places it: a window of
 resnet50's stages took about a minute here, 7-15 times its trace, and an 8-stage language
 model's several minutes beside other jobs): until the next finished pass, while the process
-uses at least `BUILDING_SHARE` of a core the clock stops too, and the first call gets
-`INSTANTIATION_PER_TRACE` times the trace's duration more in any case.
+uses at least `BUILDING_SHARE` of a core the clock stops too, for at most
+`BUILDING_PER_TRACE` times the trace's duration (an op that spins for ever right after a
+trace is still reported), and the first call gets `INSTANTIATION_PER_TRACE` times the
+trace's duration more in any case.
 
 TensorFlow cannot cancel an op that runs (a `py_function` that sleeps, a collective whose
 peer is gone): a thread inside one stays there. `join_or_leave` leaves such a thread behind
@@ -123,7 +125,8 @@ class Progress:
         self.records = []
         self.last = time.monotonic()
         self.allowance = 0.0  # extra seconds until the next beat (see `tracing`)
-        self._building = None  # after a trace: the process' CPU seconds at the last look
+        self._building = None  # after a trace: (the process' CPU seconds at the last look,
+        # the monotonic time until which CPU use counts as building the graph)
         self._pauses = 0
         self._lock = threading.Lock()
 
@@ -146,24 +149,28 @@ class Progress:
         self.allowance = 0.0
         self._building = None
 
-    def building(self):
-        """A graph function was traced: until the next beat, while the process keeps
-        `BUILDING_SHARE` of a core busy it is building that graph (`still_building`)."""
-        self._building = time.process_time()
+    def building(self, limit):
+        """A graph function was traced: until the next beat, and for at most `limit` more
+        seconds, while the process keeps `BUILDING_SHARE` of a core busy it is building
+        that graph (`still_building`). Each trace may extend the limit, never shorten it."""
+        until = time.monotonic() + limit
+        if self._building is None or until > self._building[1]:
+            self._building = (time.process_time(), until)
 
     def still_building(self, seconds):
-        """Whether, after a trace and before the next beat, the process used at least
-        `BUILDING_SHARE` of the last `seconds` of CPU time: TensorFlow optimising,
-        partitioning and placing the new graph on its first call. A run whose stages all
-        wait uses next to none. The whole process is measured, not the thread that traced:
-        TensorFlow builds a multi-device function's parts in threads of its own, and a
-        thread-level rule stopped an 8-stage run beside other jobs falsely."""
+        """Whether, after a trace, before the next beat and within its limit, the process
+        used at least `BUILDING_SHARE` of the last `seconds` of CPU time: TensorFlow
+        optimising, partitioning and placing the new graph on its first call. A run whose
+        stages all wait uses next to none. The whole process is measured, not the thread
+        that traced: TensorFlow builds a multi-device function's parts in threads of its
+        own, and a thread-level rule stopped an 8-stage run beside other jobs falsely. The
+        limit (`BUILDING_PER_TRACE`) keeps an op that spins for ever from passing as one."""
         if self._building is None:
             return False
+        cpu, until = self._building
         now = time.process_time()
-        busy = now - self._building >= BUILDING_SHARE * seconds
-        self._building = now
-        return busy
+        self._building = (now, until)
+        return time.monotonic() < until and now - cpu >= BUILDING_SHARE * seconds
 
     def allow(self, seconds):
         """Gives the work until the next beat `seconds` more than the timeout."""
@@ -199,6 +206,11 @@ BUILDING_SHARE = 0.1
 """The share of a core the process must use after a trace to be taken as building a graph:
 a tenth, as a machine loaded 5x beyond its cores still gives it about a fifth."""
 
+BUILDING_PER_TRACE = 15.0
+"""After a trace of t seconds, CPU use counts as building the graph for at most
+`BUILDING_PER_TRACE * t` seconds (measured: 7-15 t for resnet50's windows), besides the
+`INSTANTIATION_PER_TRACE * t` every first call gets."""
+
 INSTANTIATION_PER_TRACE = 10.0
 """After a trace of t seconds, the first pass may take `INSTANTIATION_PER_TRACE * t` more:
 TensorFlow optimises and places a graph on its first call, which takes longer the larger
@@ -216,8 +228,9 @@ def tracing():
     started = time.monotonic()
     with progress.paused():
         yield
-    progress.allow(INSTANTIATION_PER_TRACE * (time.monotonic() - started))
-    progress.building()
+    seconds = time.monotonic() - started
+    progress.allow(INSTANTIATION_PER_TRACE * seconds)
+    progress.building(BUILDING_PER_TRACE * seconds)
 
 
 class StallWatch:
