@@ -61,3 +61,19 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None):
         # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001
     return function
+
+
+def add_gradients(a, b):
+    """`a + b` for two gradients of one weight, dense or `tf.IndexedSlices` (an
+    embedding's): two slices concatenate, a dense and a sliced one add densely."""
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def divided_gradient(g, count):
+    """A gradient, dense or `tf.IndexedSlices`, divided by `count`."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values / count, g.indices, g.dense_shape)
+    return g / count

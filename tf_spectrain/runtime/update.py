@@ -11,21 +11,7 @@ but the count of skipped updates, and only when asked for (`skipped`, `updates`)
 import tensorflow as tf
 
 from tf_spectrain.runtime import replicas
-
-
-def _add(a, b):
-    """`a + b` for gradients, dense or `tf.IndexedSlices` (an embedding's): slices concatenate."""
-    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
-                                tf.concat([a.indices, b.indices], 0), a.dense_shape)
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
-
-
-def _divided(g, count):
-    """A gradient, dense or `tf.IndexedSlices`, divided by `count`."""
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(g.values / count, g.indices, g.dense_shape)
-    return g / count
+from tf_spectrain.runtime.graphs import add_gradients, divided_gradient
 
 
 class StageUpdate:
@@ -65,7 +51,7 @@ class StageUpdate:
         if self.gradient is None:
             self.gradient = list(grads)
         else:
-            self.gradient = [_add(a, g) for a, g in zip(self.gradient, grads)]
+            self.gradient = [add_gradients(a, g) for a, g in zip(self.gradient, grads)]
 
     def note_scaled(self, scale, received, finite):
         """Keeps the pending gradient's scale and finite flags, over its micro-batches."""
@@ -107,14 +93,14 @@ class StageUpdate:
             self.optimizer.learning_rate = learning_rate
         with tf.device(self.device):
             if self._held is not None:  # mode 2bw: the group's earlier mini-batches
-                pending = [_add(a, g) for a, g in zip(self._held, pending)]
+                pending = [add_gradients(a, g) for a, g in zip(self._held, pending)]
             self._count += 1
             if not apply:
                 self._held = pending
                 return False
             count, self._held, self._count = self._count, None, 0
             if count > 1:
-                pending = [_divided(g, count) for g in pending]
+                pending = [divided_gradient(g, count) for g in pending]
         self._attempts += 1
         self._ever_skipping = self._ever_skipping or self.skip_non_finite
         squares = list(squares or [])

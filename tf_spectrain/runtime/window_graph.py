@@ -24,7 +24,7 @@ same shape has the same inputs and outputs and reuses one traced graph.
 
 import tensorflow as tf
 
-from tf_spectrain.runtime.graphs import all_finite, as_list, differentiable
+from tf_spectrain.runtime.graphs import add_gradients, all_finite, as_list, differentiable
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
@@ -265,7 +265,7 @@ class WindowEmitter:
             finite = all_finite(grads_w + list(grads_x))  # this micro-batch's own
             pending = ("pend", k, i, r)
             if pending in self.live:
-                grads_w = [a + g for a, g in zip(self.live[pending], grads_w)]
+                grads_w = [add_gradients(a, g) for a, g in zip(self.live[pending], grads_w)]
             self.live[pending] = grads_w
             if passes.loss_scale is not None:
                 self._note_scaled(k, i, r, out_scale, came_finite, finite)
