@@ -308,3 +308,12 @@ def test_embedding_gradients_add_up_over_micro_batches(mode, steps_per_execution
         weights[micro_batches] = pipe.model.get_weights()
     assert max_diff(weights[1], weights[2]) < 1e-5
     assert max_diff(weights[1], model().get_weights()) > 1e-2
+
+
+def test_2bw_refuses_a_learning_rate_schedule(problem):
+    pipe = PipelineModel(keras_mlp(problem[0]), cuts=cuts_for(STAGE_SIZES[2]), mode="2bw")
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    with pytest.raises(ValueError, match="mode '2bw' with a learning-rate schedule.*"
+                                         "LearningRateScheduler"):
+        pipe.compile(keras.optimizers.SGD(schedule, momentum=0.9),
+                     keras.losses.SparseCategoricalCrossentropy(from_logits=True))

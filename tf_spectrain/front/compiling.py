@@ -124,6 +124,7 @@ class Compiling:
             optimizer = SpecTrain(optimizer)  # predicts from the optimizer's own update
         if self.mode == "nesterov":
             prediction.check_nesterov_optimizer(optimizer)
+        _check_2bw_rate(optimizer, self.options.updates_every(self.num_stages))
         compile_utils.check_clipping(optimizer, self.mode)
         self.loss, self.metrics = _loss_and_metrics(self.model, loss, metrics, loss_weights,
                                                     weighted_metrics)
@@ -174,3 +175,17 @@ class Compiling:
         """Every replica's runners; raises ValueError before `compile`."""
         self._require_compiled()
         return self.replica_runners
+
+
+def _check_2bw_rate(optimizer, every):
+    """Refuses a `LearningRateSchedule` when 2bw holds gradients (`every` > 1): Keras steps
+    it by the optimizer's update count, and 2bw's rule is the group's last mini-batch's."""
+    rate = getattr(prediction.unwrapped(optimizer), "_learning_rate", None)
+    if every > 1 and callable(rate):
+        raise ValueError(
+            "mode '2bw' with a learning-rate schedule is not supported: Keras steps the "
+            f"schedule once per update, and 2bw updates once per {every} mini-batches, so "
+            "the schedule would run that many times slower. Set the rate per mini-batch "
+            "with a callback instead (keras.callbacks.LearningRateScheduler), or use a "
+            f"constant rate. Received: learning_rate={rate!r}"
+        )
