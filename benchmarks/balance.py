@@ -53,7 +53,7 @@ QUICK_MODEL = "small_cnn"
 CUT_LISTS = ("auto", "params", "layers")
 # tf_spectrain.schedule.modes.PIPELINE_MODES, spelled out: importing tf_spectrain would start
 # TensorFlow in the parent (tests/test_balance_script.py checks that the two agree).
-PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain")
+PIPELINE_MODES = ("sync", "vanilla", "stash", "spectrain", "nesterov", "2bw")
 INPUT_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
 

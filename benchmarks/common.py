@@ -413,6 +413,8 @@ class Runner:
         model = checkpoint.trainer_model(trainer)
         model.set_weights(self.initial_weights(spec.model, spec.seed))
         for optimizer, fresh in zip(optimizers, self._fresh[key]):
+            if len(fresh) != len(optimizer.variables):  # built by its first fit (Keras'): zeros
+                fresh = [tf.zeros(v.shape, v.dtype) for v in optimizer.variables]
             for variable, value in zip(optimizer.variables, fresh):
                 variable.assign(tf.constant(value, variable.dtype))
             optimizer.learning_rate = spec.lr

@@ -153,7 +153,10 @@ class FakeRunner:
     def backward(self, key, grads_out=None):
         return [tf.constant(0.0)]
 
-    def update(self, learning_rate=None, squares=None, finite=None):
+    def update(self, learning_rate=None, squares=None, finite=None, apply=True):
+        pass
+
+    def flush(self):
         pass
 
     def reset(self):
