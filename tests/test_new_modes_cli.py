@@ -60,13 +60,11 @@ def test_the_help_and_the_readme_list_every_mode():
 @pytest.mark.parametrize(
     "mode, extra, note, accumulate",
     [
-        ("nesterov", [], "; Nesterov SGD per stage, momentum 0.945, 0.9", None),
         ("nesterov", ["--optimizer", "adamw"], "; NAdam per stage, beta_1 0.945, 0.9", None),
-        ("2bw", [], "; one update per 2 mini-batches", 2),
         ("2bw", ["--accumulate", "3", "--micro-batches", "2"],
          "; one update per 3 mini-batches", 3),
     ],
-    ids=["nesterov-sgd", "nesterov-adamw", "2bw", "2bw-accumulate-micro-batches"],
+    ids=["nesterov-adamw", "2bw-accumulate-micro-batches"],
 )
 def test_train_py_trains_the_new_modes(mode, extra, note, accumulate, capsys):
     # Cuts planned from measured time (the default), 1 epoch of 4 mini-batches.
