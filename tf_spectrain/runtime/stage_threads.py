@@ -104,7 +104,6 @@ class StageThreads:
                        for k in range(n)] if num_replicas > 1 else None)
         self.rates = None
         self.accumulate = 1
-        self.num_batches = sum(1 for op in op_lists[-1] if op.kind == schedule.UPDATE)
         self.remote = False
         self.fed = None
         self.progress = Progress()
@@ -251,7 +250,7 @@ class StageThreads:
             finite = self._await(r, k, f"every stage's gradient check of mini-batch {i}",
                                  lambda: _gathered(lane.flags, i, k, flag))
         runner.update(learning_rate=rate, squares=squares, finite=finite,
-                      apply=modes.applies_update(i, self.num_batches, self.accumulate))
+                      apply=modes.applies_update(i, self.feed.num_batches, self.accumulate))
         if k == len(self.grid[0]) - 1:
             lane.results.put((i, lane.losses.pop(i)))
 
