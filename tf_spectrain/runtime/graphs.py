@@ -1,8 +1,10 @@
 """Small TensorFlow helpers of the runtime: lists of tensors and quiet graph functions."""
 
+import contextlib
 import functools
 
 import tensorflow as tf
+from tensorflow.python.eager import context as eager_context  # thread-local call options
 
 from tf_spectrain.runtime import stall
 
@@ -23,7 +25,7 @@ def all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def graph_function(method, reduce_retracing=True, autograph=True, name=None):
+def graph_function(method, reduce_retracing=True, autograph=True, name=None, separate=False):
     """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
@@ -36,6 +38,9 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None):
         autograph: passed to `tf.function` (False for Python that only builds a graph).
         name: the name TensorFlow gives the traced function (and shows in errors from
             inside it), or None for the method's own.
+        separate: never inline the function into a graph that calls it: the caller holds
+            one call op, and TensorFlow optimises and instantiates the function once for
+            all its callers (a window graph calling a stage's passes), not once for each.
 
     Without autograph, a trace of the function stops the stall clock of the run whose
     thread traces it (`runtime.stall.tracing`): tracing a large stage is no hang.
@@ -56,11 +61,39 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None):
         if name is not None:
             named.__name__ = named.__qualname__ = name
         method = named
-    function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph)
+    attributes = {"_noinline": True} if separate else None
+    function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph,
+                           experimental_attributes=attributes)
     if hasattr(function, "_omit_frequent_tracing_warning"):
         # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001
     return function
+
+
+@contextlib.contextmanager
+def unoptimized_calls():
+    """Graph functions called from this thread meanwhile skip Grappler's optimisation of
+    their whole graph (and of every function it calls that is not `separate`).
+
+    For window graphs, whose ops are calls of separately compiled stage functions: those
+    keep the options they were traced with (trace them first), so each is optimised once,
+    when it is first instantiated, and a new window shape costs no optimisation of every
+    stage's math again. The call options are per thread; TensorFlow has no public switch
+    for them (`tf.config.optimizer` sets the whole process').
+    """
+    ctx = eager_context.context()
+    before = ctx.function_call_options
+    config = before.config_proto_serialized
+    options = eager_context.FunctionCallOptions(executor_type=before.executor_type)
+    proto = type(ctx.config)()
+    proto.ParseFromString(config)
+    proto.graph_options.rewrite_options.disable_meta_optimizer = True
+    options.config_proto_serialized = proto
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = before
 
 
 def add_gradients(a, b):

@@ -146,7 +146,8 @@ class StagePasses:
             ("rescale_fn", loss_scale_lib.rescale),
         ):
             name = function_name(k, attribute[: -len("_fn")])
-            setattr(self, attribute, graph_function(method, autograph=False, name=name))
+            setattr(self, attribute,
+                    graph_function(method, autograph=False, name=name, separate=True))
 
     def weights(self, steps):
         """The trainable weights `W + steps * d` as tensors (the current ones for 0)."""

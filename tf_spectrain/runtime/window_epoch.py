@@ -16,7 +16,7 @@ import tensorflow as tf
 from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import check_split, ran_out
-from tf_spectrain.runtime.graphs import graph_function
+from tf_spectrain.runtime.graphs import graph_function, unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
@@ -48,11 +48,21 @@ class WindowSetup:
         self.clip_globally = any(r.global_clipnorm for r in grid[0])
         self.shared_scale = shares_scale(grid[0])
         self.waits_for_all_stages = self.clip_globally or self.shared_scale
+        self.report_fn = graph_function(self._report, autograph=False, separate=True)
         # Each runner's finished passes, counted by the window graphs on this host's CPU and
         # read by the stall watch while a window runs.
         with tf.device("/CPU:0"):
             self.counters = [tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name=f"passes_{n}") for n in range(len(self.runners))]
+
+    def _report(self, loss, size, pairs):
+        """Adds a reported mini-batch to the loss and metrics, unless its loss is not finite."""
+
+        def update():
+            self.logs.update(loss, size, pairs)
+            return tf.constant(True)
+
+        return tf.cond(tf.math.is_finite(loss), update, lambda: tf.constant(False))
 
     def index(self, r, k):
         """The position of replica r's stage k in `runners`."""
@@ -235,8 +245,12 @@ class WindowedEpoch:
         def work():
             xs = {str(i - base): self._feed(i) for i in window.fed}
             ys = {str(i - base): self._labels.pop(i) for i in window.reported}
+            # Traced with the stage functions' own options, run without optimising the
+            # window's graph again (`unoptimized_calls`).
+            function.get_concrete_function(xs, ys, rates, carried)
             started.append(time.perf_counter())
-            return _read(function(xs, ys, rates, carried))
+            with unoptimized_calls():
+                return _read(function(xs, ys, rates, carried))
 
         try:
             outputs = self.watch.call(window, work)

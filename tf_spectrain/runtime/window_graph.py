@@ -24,7 +24,7 @@ same shape has the same inputs and outputs and reuses one traced graph.
 
 import tensorflow as tf
 
-from tf_spectrain.runtime.graphs import add_gradients, all_finite, as_list, differentiable
+from tf_spectrain.runtime.graphs import add_gradients, as_list, differentiable
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
@@ -262,7 +262,7 @@ class WindowEmitter:
             if j == setup.micro_batches - 1:
                 self.live.pop(("stash", k, i, r), None)  # the last micro-batch of i
             grads_w = list(grads_w)
-            finite = all_finite(grads_w + list(grads_x))  # this micro-batch's own
+            finite = passes.finite_fn(grads_w + list(grads_x))  # this micro-batch's own
             pending = ("pend", k, i, r)
             if pending in self.live:
                 grads_w = [add_gradients(a, g) for a, g in zip(self.live[pending], grads_w)]
@@ -374,11 +374,5 @@ class WindowEmitter:
                     penalties.append(self.live.pop(("pen", k, i, j, r)))
         loss = tf.add_n([tf.cast(p["loss"], tf.float32) for p in parts] + penalties)
         self.losses.append(loss)
-        size = self.labels[i][1]
         pairs = [(p["labels"], p["logits"]) for p in parts]
-
-        def update():
-            setup.logs.update(loss, size, pairs)
-            return tf.constant(True)
-
-        tf.cond(tf.math.is_finite(loss), update, lambda: tf.constant(False))
+        setup.report_fn(loss, self.labels[i][1], pairs)
