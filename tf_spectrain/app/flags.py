@@ -226,8 +226,8 @@ def _add_logging(add):
         "trace",
         action="store_true",
         help="pipelines: write each epoch's passes, stage by stage, as a trace "
-        "(<logdir>/trace/trace_epoch_<e>.json; open it in https://ui.perfetto.dev); the "
-        "pipeline then runs pass by pass (windows have no per-pass times)",
+        "(<logdir>/trace/trace_epoch_<e>.json; open it in https://ui.perfetto.dev); windows "
+        "then also time each pass",
     )
 
 
