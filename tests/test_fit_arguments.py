@@ -328,17 +328,59 @@ def test_asynchronous_modes_weight_the_loss_as_a_hand_weighted_loss_does(data, m
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
-def test_run_eagerly_and_jit_compile_are_accepted_with_a_warning_and_train_as_keras(data):
+def test_run_eagerly_is_accepted_with_a_warning_and_trains_as_keras(data):
     x, y, _ = data
     keras_model = mlp()
     keras_model.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
     pipe = PipelineModel(mlp(), cuts=["d0"], devices=DEVICES, mode="sync")
     with pytest.warns(UserWarning, match="run_eagerly=True.*no effect"):
         pipe.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
-    with pytest.warns(UserWarning, match="jit_compile=True.*no effect"):
-        pipe.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True, **COMPILE)
     args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     assert_same_history(pipe.fit(x, y, **args), keras_model.fit(x, y, **args))
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_jit_compile_true_compiles_every_stage_with_xla_and_trains_as_keras(
+        data, steps_per_execution):
+    x, y, _ = data
+    keras_model = mlp()
+    keras_model.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True, **COMPILE)
+    pipe = PipelineModel(mlp(), cuts=["d0"], devices=DEVICES, mode="sync")
+    pipe.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True,
+                 steps_per_execution=steps_per_execution, **COMPILE)
+    assert all(r.passes.jit_compile for r in pipe.runners)
+    args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_same_history(pipe.fit(x, y, **args), keras_model.fit(x, y, **args))
+    # The passes are XLA functions (tf.function has no public reader of the flag).
+    assert pipe.runners[0].passes.forward_fn.__wrapped__._jit_compile  # noqa: SLF001
+
+
+def test_jit_compile_auto_follows_keras_on_this_machine():
+    keras_model = mlp()
+    keras_model.compile(optimizer=keras.optimizers.SGD(0.1), **COMPILE)  # "auto"
+    pipe = PipelineModel(mlp(), cuts=["d0"], devices=DEVICES, mode="sync")
+    pipe.compile(optimizer=keras.optimizers.SGD(0.1), **COMPILE)
+    assert [r.passes.jit_compile for r in pipe.runners] == [bool(keras_model.jit_compile)] * 2
+    pipe.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False, **COMPILE)
+    assert not any(r.passes.jit_compile for r in pipe.runners)
+
+
+def test_a_layer_without_xla_support_turns_xla_off_with_a_warning_naming_it():
+    class NoXla(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.supports_jit = False
+
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(5, name="d0")(inputs)
+    out = keras.layers.Dense(3, name="d1")(NoXla(name="no_xla")(h))
+    pipe = PipelineModel(keras.Model(inputs, out), cuts=["d0"], devices=DEVICES, mode="sync")
+    with pytest.warns(UserWarning, match=r"\['no_xla'\] do not support XLA"):
+        pipe.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True, **COMPILE)
+    assert not any(r.passes.jit_compile for r in pipe.runners)
 
 
 @pytest.mark.parametrize("args, error, words", [

@@ -215,6 +215,16 @@ def test_nesterov_sgd_matches_the_reference(problem, num_stages, steps_per_execu
     assert max_diff(want, stash) > 100 * ATOL
 
 
+@pytest.mark.parametrize("mode, steps_per_execution", [("nesterov", 2), ("2bw", 1)])
+def test_the_new_modes_compiled_with_xla_match_the_reference(problem, mode,
+                                                             steps_per_execution):
+    want, _ = reference(problem, 3, mode, **({"accumulate": 3} if mode == "2bw" else {}))
+    optimizer = keras.optimizers.SGD(LR, momentum=MOMENTUM) if mode == "nesterov" else None
+    got, _ = train_pipeline(*problem, 3, mode, "paper", optimizer=optimizer,
+                            steps_per_execution=steps_per_execution, jit_compile=True)
+    assert max_diff(got, want) < ATOL
+
+
 @pytest.mark.parametrize("optimizer, num_stages, options", [
     ("adamw", 3, {}),
     ("adamw", 4, {"micro_batches": 2, "recompute": "always"}),

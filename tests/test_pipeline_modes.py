@@ -42,7 +42,7 @@ def cuts_for(stage_sizes):
 
 
 def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1, optimizer=None,
-                   epochs=EPOCHS, steps_per_execution=2, **options):
+                   epochs=EPOCHS, steps_per_execution=2, jit_compile="auto", **options):
     # Windows of 2 mini-batches unless said otherwise: forwards cross window boundaries.
     model = keras_mlp(params)
     pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[num_stages]), mode=mode,
@@ -51,7 +51,8 @@ def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1, o
         optimizer = SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM)
     pipe.compile(optimizer=optimizer,
                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution)
+                 steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    assert all(r.passes.jit_compile for r in pipe.runners) == (jit_compile is True)
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
     history = pipe.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
@@ -88,6 +89,27 @@ def test_mode_matches_numpy_reference(problem, num_stages, mode, target, steps_p
     # The epoch loss Keras reports is the mean of the per-mini-batch losses.
     epoch_losses = np.mean(np.reshape(expected_losses, (EPOCHS, NUM_BATCHES)), axis=1)
     np.testing.assert_allclose(history.history["loss"], epoch_losses, rtol=1e-4)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+@pytest.mark.parametrize("mode, target", MODES)
+def test_every_mode_compiled_with_xla_matches_numpy_reference(problem, mode, target,
+                                                              steps_per_execution):
+    # compile(jit_compile=True): every stage's passes are XLA computations, called pass by
+    # pass from the stage threads or from the window graphs.
+    expected, _ = reference(problem, 3, mode, target)
+    got, _ = train_pipeline(*problem, 3, mode, target, steps_per_execution=steps_per_execution,
+                            jit_compile=True)
+    assert max_diff(got, expected) < ATOL
+
+
+@pytest.mark.parametrize("mode, target", [("stash", "paper"), ("spectrain", "paper")])
+def test_xla_with_micro_batches_and_recompute_always_matches_the_reference(problem, mode,
+                                                                           target):
+    expected, _ = reference(problem, 3, mode, target, micro_batches=2)
+    got, _ = train_pipeline(*problem, 3, mode, target, micro_batches=2, jit_compile=True,
+                            recompute="always")
+    assert max_diff(got, expected) < ATOL
 
 
 @pytest.mark.parametrize("num_stages", [3, 4])
@@ -169,14 +191,15 @@ def relative_error(problem, got, want):
 
 
 def check_against_reference(problem, num_stages, mode, target, keras_optimizer,
-                            micro_batches=1, **reference_options):
+                            micro_batches=1, jit_compile="auto", **reference_options):
     params, batches = problem
     final, _ = ref.train_reference(params, STAGE_SIZES[num_stages], batches, mode=mode,
                                    target=target, lr=ADAM_LR, micro_batches=micro_batches,
                                    **reference_options)
     want = [a for pair in final for a in pair]
     got, _ = train_pipeline(params, batches, num_stages, mode, target,
-                            micro_batches=micro_batches, optimizer=keras_optimizer, epochs=1)
+                            micro_batches=micro_batches, optimizer=keras_optimizer, epochs=1,
+                            jit_compile=jit_compile)
     assert relative_error(problem, got, want) < ADAM_RTOL
 
 
@@ -186,6 +209,14 @@ def test_adamw_in_every_mode_matches_the_reference(adam_problem, mode, target):
         keras.optimizers.AdamW(ADAM_LR, weight_decay=ADAM_WD, **EXACT))
     check_against_reference(adam_problem, 4, mode, target, optimizer, optimizer="adamw",
                             weight_decay=ADAM_WD, **EXACT)
+
+
+@pytest.mark.parametrize("mode, target", [("sync", "paper"), ("spectrain", "paper")])
+def test_adamw_compiled_with_xla_matches_the_reference(adam_problem, mode, target):
+    optimizer = tf_spectrain.SpecTrain(
+        keras.optimizers.AdamW(ADAM_LR, weight_decay=ADAM_WD, **EXACT))
+    check_against_reference(adam_problem, 4, mode, target, optimizer, jit_compile=True,
+                            optimizer="adamw", weight_decay=ADAM_WD, **EXACT)
 
 
 @pytest.mark.parametrize("mode, target", MODES)

@@ -92,7 +92,7 @@ def norm(a, b):
 @pytest.fixture(scope="module")
 def paper_run(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("telemetry")
-    pipe = pipeline()
+    pipe = pipeline(steps_per_execution=1)  # the recorder wraps the stage threads' updates
     recorder = WeightRecorder(pipe)
     x, y = data()
     telemetry = Telemetry(logdir, log_every=1, prediction_every=2)
@@ -198,7 +198,7 @@ def test_measured_versions_follow_the_schedule(paper_run):
 
 @pytest.mark.parametrize("mode", ["vanilla", "stash"])
 def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
-    pipe = pipeline(mode)
+    pipe = pipeline(mode, steps_per_execution=1)
     recorder = WeightRecorder(pipe)
     x, y = data()
     telemetry = Telemetry(tmp_path, prediction_every=3)
@@ -221,6 +221,40 @@ def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
             used = recorder.history[k][forward_v if mode == "stash" else v][0]
         np.testing.assert_allclose(r["error"], norm(used, recorder.history[k][t][0]), rtol=1e-4)
     assert any(r["error"] > 0 for r in results)
+
+
+@pytest.mark.parametrize("mode, target, options", [
+    ("spectrain", "paper", {}),
+    ("spectrain", "consistent", {"micro_batches": 2}),
+    ("stash", "paper", {"recompute": "always"}),
+    ("vanilla", "paper", {}),
+])
+def test_windows_measure_what_the_stage_threads_measure(mode, target, options, tmp_path):
+    # The same training in windows of 5 (forwards whose backward, and passes whose target
+    # update, fall in a later window) and pass by pass: the same measurements, except those
+    # whose target lies past the epoch's end, which windows leave out.
+    x, y = data()
+    results = {}
+    for spe in (1, 5):
+        pipe = PipelineModel(mlp(), cuts=["dense0", "dense1", "dense2"], mode=mode,
+                             spectrain_target=target, **options)
+        pipe.compile(SpecTrainSGD(LR, momentum=0.9),
+                     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     steps_per_execution=spe)
+        telemetry = Telemetry(tmp_path / str(spe), prediction_every=3)
+        pipe.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[telemetry])
+        results[spe] = {(r["epoch"], r["batch"], r["stage"], r["pass"]): r
+                        for r in telemetry.predictions}
+    threads, windows = results[1], results[5]
+    assert len(windows) > 10 and set(windows) <= set(threads)
+    for key in set(threads) - set(windows):
+        assert threads[key]["target_version"] > 12 * (key[0] + 1), key  # next epoch's
+    for key, got in windows.items():
+        want = threads[key]
+        assert (got["used_version"], got["target_version"]) == (
+            want["used_version"], want["target_version"]), key
+        np.testing.assert_allclose([got["error"], got["baseline"]],
+                                   [want["error"], want["baseline"]], rtol=1e-5, atol=1e-7)
 
 
 def test_consistent_target_measures_forwards_against_n_minus_1_minus_k(tmp_path):
@@ -364,7 +398,7 @@ def test_train_py_graph_and_histograms_only_on_request(tmp_path, capsys):
 
 def test_one_telemetry_over_two_fits_numbers_steps_continuously(tmp_path):
     """As train.py does when it resumes in the middle of an epoch: two fits, one callback."""
-    pipe = pipeline()
+    pipe = pipeline(steps_per_execution=1)  # a step log per mini-batch
     x, y = data()
     telemetry = Telemetry(tmp_path, log_every=1, prediction_every=4, steps_per_epoch=12)
     pipe.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[telemetry])
@@ -382,7 +416,8 @@ def test_nesterov_and_2bw_measure_their_staleness(mode, accumulate, tmp_path):
     pipe = PipelineModel(mlp(), cuts=["dense0", "dense1", "dense2"], mode=mode,
                          accumulate=accumulate if mode == "2bw" else None)
     pipe.compile(keras.optimizers.SGD(LR, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 steps_per_execution=1)  # `_recording` wraps the stage threads' updates
     history = []
     for runner in pipe.runners:
         history.append([[np.array(v.numpy()) for v in runner.trainable]])

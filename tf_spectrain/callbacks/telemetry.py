@@ -53,9 +53,11 @@ class Telemetry(keras.callbacks.Callback):
     | `prediction/stage_<k>/<pass>_baseline` | `|W_stale - W_target|` |
     | `prediction/stage_<k>/<pass>_ratio_mean` | per epoch, the mean of the sampled ratios |
 
-    (*) Only for epochs run pass by pass (`steps_per_execution=1`, or measuring prediction
-    errors): windows run every pass of K mini-batches in one graph call, without per-pass
-    times. With windows, per-step scalars are written at the end of a window.
+    (*) From each pass's end time: the stage threads take it pass by pass; windows take it
+    in their graph, since the telemetry asks for it (`needs_pass_times`; a time stamp after
+    each pass, about 3% of the step time, docs/trace_overhead.md). With windows, per-step
+    scalars are written at the end of a window, and prediction errors are measured inside
+    the window graphs (`runtime.window_probes`; `pipeline/probe_seconds` is then 0).
 
     `<pass>` is `forward` or `backward`. The prediction error is measured, not derived: see
     `tf_spectrain.runtime.probe`. With a plain Keras model (the `single` and `dp` baselines)
@@ -109,6 +111,7 @@ class Telemetry(keras.callbacks.Callback):
         self.resume_batch = 0
         self.log_every = log_every
         self.prediction_every = prediction_every
+        self.needs_pass_times = True  # windows time each pass: the stages' utilisation
         self.batch_size = batch_size
         self.state = None  # the pipeline's PipelineState, None for a plain Keras model
         self._pipeline_scalars = None  # the PipelineScalars of `state`

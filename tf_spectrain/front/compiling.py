@@ -95,8 +95,15 @@ class Compiling:
                 `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,
                 sample_weight)` batches (`metrics` ignore them); one named as a metric of
                 `metrics` logs as `weighted_<name>`.
-            run_eagerly, jit_compile: accepted for Keras scripts; the stages always run
-                as TensorFlow graph functions without XLA (a warning says so when set).
+            run_eagerly: accepted for Keras scripts; the stages always run as TensorFlow
+                graph functions (a warning says so when set).
+            jit_compile: as in Keras: True compiles every stage's passes (forwards,
+                backwards, updates, inference) with XLA, each pass on its own; `"auto"`
+                (the default) does so where Keras' own `fit` would use XLA (with a GPU,
+                not on a CPU-only machine); False never. A layer that says XLA cannot
+                compile it (`supports_jit = False`) turns XLA off for every stage, as
+                Keras turns it off for the whole model (with a warning naming the
+                layers).
 
         Logs of a model with several outputs are Keras': `loss` (the weighted sum, layer
         losses included), `<output>_<metric>`, and `<output>_loss` (unweighted) when more
@@ -116,7 +123,8 @@ class Compiling:
         steps_per_execution = checks.check_int(
             "steps_per_execution", steps_per_execution, 1, allow=(_AUTO,),
             valid="'auto' or an integer >= 1 (mini-batches per graph call)")
-        compile_utils.warn_graph_options(run_eagerly, jit_compile)
+        compile_utils.warn_graph_options(run_eagerly)
+        compile_utils.warn_layers_without_xla(self.model, jit_compile)
         given = compile_utils.resolve_optimizer(optimizer)
         optimizer, scaling = loss_scale_lib.resolve(given, self.model, auto_scale_loss)
         loss_scale_lib.check_replicas(scaling, self.mode, self.replicas)
@@ -152,6 +160,9 @@ class Compiling:
         compile_keras_model(self, given, loss, metrics, loss_weights, weighted_metrics,
                             auto_scale_loss=auto_scale_loss, run_eagerly=run_eagerly,
                             jit_compile=jit_compile)
+        # XLA per stage where Keras' own fit would use it (its resolution of "auto").
+        for runner in self.all_runners:
+            runner.passes.use_xla(bool(getattr(self.model, "jit_compile", False)))
 
     @property
     def stage_optimizers(self):

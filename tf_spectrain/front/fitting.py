@@ -12,7 +12,7 @@ import keras
 from tf_spectrain import checks
 from tf_spectrain.runtime.bookkeeping import TrainLogs
 from tf_spectrain.runtime.loop import FitLoop, has_test_batch_hooks, window_size
-from tf_spectrain.runtime.window_epoch import WindowFunctions, WindowSetup
+from tf_spectrain.runtime.window_functions import WindowFunctions, WindowSetup
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import batching, input_checks, keras_data, keras_fit, sample_weights
 from tf_spectrain.workflow.outputs import is_multi_output

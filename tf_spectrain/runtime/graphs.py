@@ -25,7 +25,8 @@ def all_finite(tensors):
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def graph_function(method, reduce_retracing=True, autograph=True, name=None, separate=False):
+def graph_function(method, reduce_retracing=True, autograph=True, name=None, separate=False,
+                   jit_compile=False):
     """Wraps a stage's bound method in `tf.function`, without the false retracing warning.
 
     Every stage of every pipeline traces its own copy once (twice with a smaller last
@@ -41,6 +42,7 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None, sep
         separate: never inline the function into a graph that calls it: the caller holds
             one call op, and TensorFlow optimises and instantiates the function once for
             all its callers (a window graph calling a stage's passes), not once for each.
+        jit_compile: compile the function with XLA (passed to `tf.function`).
 
     Without autograph, a trace of the function stops the stall clock of the run whose
     thread traces it (`runtime.stall.tracing`): tracing a large stage is no hang.
@@ -63,7 +65,7 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None, sep
         method = named
     attributes = {"_noinline": True} if separate else None
     function = tf.function(method, reduce_retracing=reduce_retracing, autograph=autograph,
-                           experimental_attributes=attributes)
+                           experimental_attributes=attributes, jit_compile=jit_compile or None)
     if hasattr(function, "_omit_frequent_tracing_warning"):
         # tf.function has no public switch for this per-function warning.
         function._omit_frequent_tracing_warning = True  # noqa: SLF001

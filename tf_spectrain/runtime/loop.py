@@ -148,8 +148,8 @@ class FitLoop:
         on_nan: `"stop"` or `"skip"`.
         window: mini-batches per graph call (`window_size`); 1 runs every pass from its
             stage's thread (`runtime.executor`), more runs windows of that many
-            (`runtime.window_epoch`, with `pipeline.window_functions`), unless the
-            telemetry measures prediction errors pass by pass (`runner.probe`).
+            (`runtime.window_epoch`, with `pipeline.window_functions`; the telemetry's
+            prediction probes measure inside them, `runtime.window_probes`).
     """
 
     def __init__(self, pipeline, callbacks, logs, num_batches, on_nan, window=1):
@@ -236,8 +236,7 @@ class FitLoop:
         label = f"epoch {epoch}"
         every = options.updates_every(pipe.num_stages)
         # 2bw's held gradients live between windows' graphs: it runs pass by pass for now.
-        if (self.window > 1 and every == 1
-                and not any(r.probe is not None for r in pipe.all_runners)):
+        if self.window > 1 and every == 1:
             run, hook = self._windowed(epoch, batches, rules, label)
         else:
             run = EpochRun(

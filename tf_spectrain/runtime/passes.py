@@ -7,6 +7,7 @@ every stage into one graph. The module's helpers (`with_penalty`, `square_norm`,
 `clip_globally`) are the pieces both callers share.
 """
 
+import functools
 import re
 
 import tensorflow as tf
@@ -97,6 +98,19 @@ def failed_function(error):
     return None
 
 
+def _on_device(function, device):
+    """`function` called under `tf.device(device)`: an XLA function runs, as one program,
+    where it is called (the stage's variables are on `device`). `__wrapped__` is the
+    function itself."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        with tf.device(device):
+            return function(*args, **kwargs)
+
+    return call
+
+
 class StagePasses:
     """One stage's passes as TensorFlow functions of tensors (SPECTRAIN.md section 5).
 
@@ -136,18 +150,32 @@ class StagePasses:
         self.global_clipnorm = None
         with tf.device(device):
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
-        # Named after the stage and pass (`function_name`), as errors from inside show them.
-        for attribute, method in (
-            ("forward_fn", self.forward), ("forward_at_fn", self.forward_at),
-            ("recompute_vjp_fn", self.recompute_vjp), ("vjp_at_fn", self.vjp_at),
-            ("snapshot_fn", self.snapshot), ("apply_fn", self.apply),
-            ("apply_scaled_fn", self.apply_scaled), ("infer_fn", self.infer),
-            ("finite_fn", all_finite), ("square_fn", square_norm),
-            ("rescale_fn", loss_scale_lib.rescale),
+        self.jit_compile = False
+        self._make_functions()
+
+    def use_xla(self, jit_compile):
+        """Compiles the stage's math passes (forwards, backwards, updates, inference) with
+        XLA (`jit_compile=True`) or without; the small checks stay TensorFlow graphs."""
+        if bool(jit_compile) != self.jit_compile:
+            self.jit_compile = bool(jit_compile)
+            self._make_functions()
+
+    def _make_functions(self):
+        """Sets the `*_fn` graph functions, named after the stage and pass
+        (`function_name`), as errors from inside show them."""
+        for attribute, method, math in (
+            ("forward_fn", self.forward, True), ("forward_at_fn", self.forward_at, True),
+            ("recompute_vjp_fn", self.recompute_vjp, True), ("vjp_at_fn", self.vjp_at, True),
+            ("snapshot_fn", self.snapshot, True), ("apply_fn", self.apply, True),
+            ("apply_scaled_fn", self.apply_scaled, True), ("infer_fn", self.infer, True),
+            ("finite_fn", all_finite, False), ("square_fn", square_norm, False),
+            ("rescale_fn", loss_scale_lib.rescale, False),
         ):
-            name = function_name(k, attribute[: -len("_fn")])
-            setattr(self, attribute,
-                    graph_function(method, autograph=False, name=name, separate=True))
+            name = function_name(self.k, attribute[: -len("_fn")])
+            jit = self.jit_compile and math
+            function = graph_function(method, autograph=False, name=name, separate=True,
+                                      jit_compile=jit)
+            setattr(self, attribute, _on_device(function, self.device) if jit else function)
 
     def weights(self, steps):
         """The trainable weights `W + steps * d` as tensors (the current ones for 0)."""

@@ -16,7 +16,7 @@ from tf_spectrain.schedule import modes
 __all__ = ["WeightProbe", "attach_probes", "detach_probes"]
 
 
-def _distance(a, b):
+def distance(a, b):
     """The Euclidean distance between two lists of tensors (0 for a weightless stage)."""
     squares = [tf.reduce_sum(tf.square(x - y)) for x, y in zip(a, b)]
     if not squares:
@@ -69,7 +69,9 @@ class WeightProbe:
         self._copy_fn = graph_function(self._copy, reduce_retracing=False)
         self._distances_fn = graph_function(self._distances, reduce_retracing=False)
 
-    def _sampled(self, key):
+    def sampled(self, key):
+        """Whether the pass of `key = (i, j)` is measured (the first micro-batch of every
+        `every`-th mini-batch, counted from the epoch's start)."""
         return key[1] == 0 and (key[0] + self.offset) % self.every == 0
 
     def _copy(self, steps):
@@ -79,7 +81,7 @@ class WeightProbe:
     def _distances(self, used, stale):
         with tf.device(self.runner.device):
             target = self.runner.current_weights(0)  # the weights now
-            return _distance(used, target), _distance(stale, target)
+            return distance(used, target), distance(stale, target)
 
     def _snapshot(self, steps):
         return self._copy_fn(steps)
@@ -109,7 +111,7 @@ class WeightProbe:
             key: `(i, j)` of the pass.
             steps: the forward's version gap: it used `W + steps * m`.
         """
-        if not self._sampled(key):
+        if not self.sampled(key):
             return
         h_f, h_b = self.horizons
         needs_stash = self.runner.plan.reuses_forward and h_b > 0
@@ -131,7 +133,7 @@ class WeightProbe:
             steps: the backward's version gap, or None when it reused the forward's weights
                 (then the snapshot `after_forward` stashed is used).
         """
-        if not self._sampled(key):
+        if not self.sampled(key):
             return
         h_b = self.horizons[1]
         if h_b <= 0:
@@ -170,6 +172,20 @@ class WeightProbe:
             with self._lock:
                 self._results.append(result)
         self.seconds += time.perf_counter() - start
+
+    def add_result(self, kind, record, error, baseline):
+        """Adds a measurement made elsewhere (in a window's graph, `runtime.window_probes`).
+
+        Args:
+            kind: "forward" or "backward".
+            record: `epoch`, `batch`, `used_version`, `target_version` of the pass.
+            error, baseline: the two distances (floats).
+        """
+        result = {"stage": self.runner.k, "pass": kind, "error": error, "baseline": baseline}
+        result.update({name: record[name] for name in
+                       ("epoch", "batch", "used_version", "target_version")})
+        with self._lock:
+            self._results.append(result)
 
     def take_results(self):
         """Returns and forgets the completed measurements (thread-safe).

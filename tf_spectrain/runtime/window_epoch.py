@@ -16,128 +16,15 @@ import tensorflow as tf
 from tf_spectrain.cluster import watchdog as watchdog_lib
 from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import check_split, ran_out
-from tf_spectrain.runtime.graphs import graph_function, unoptimized_calls
+from tf_spectrain.runtime.graphs import unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
-from tf_spectrain.runtime.loss_scale import shares_scale
-from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.window_errors import failed_op
-from tf_spectrain.runtime.window_graph import WindowEmitter
+from tf_spectrain.runtime.window_functions import window_keeps
+from tf_spectrain.runtime.window_probes import WindowProbes
 from tf_spectrain.runtime.window_watch import WindowWatch
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 _WAIT_SLICE = 0.05
-
-
-class WindowSetup:
-    """What every window graph of one pipeline depends on besides its program.
-
-    Args:
-        grid: R lists of N `StageRunner`s (one list without replicas), replica 0 first.
-        logs: the `runtime.bookkeeping.BatchLogs` the graphs update (loss and metrics).
-        micro_batches: M.
-        report_stage: the stage whose updates report mini-batches (`EpochWindows`).
-    """
-
-    def __init__(self, grid, logs, micro_batches, report_stage):
-        self.grid = grid
-        self.logs = logs
-        self.micro_batches = micro_batches
-        self.report_stage = report_stage
-        self.num_stages = len(grid[0])
-        self.replicas = len(grid)
-        self.clip_globally = any(r.global_clipnorm for r in grid[0])
-        self.shared_scale = shares_scale(grid[0])
-        self.waits_for_all_stages = self.clip_globally or self.shared_scale
-        self.report_fn = graph_function(self._report, autograph=False, separate=True)
-        # Each runner's finished passes, counted by the window graphs on this host's CPU and
-        # read by the stall watch while a window runs.
-        with tf.device("/CPU:0"):
-            self.counters = [tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name=f"passes_{n}") for n in range(len(self.runners))]
-
-    def _report(self, loss, size, pairs):
-        """Adds a reported mini-batch to the loss and metrics, unless its loss is not finite."""
-
-        def update():
-            self.logs.update(loss, size, pairs)
-            return tf.constant(True)
-
-        return tf.cond(tf.math.is_finite(loss), update, lambda: tf.constant(False))
-
-    def index(self, r, k):
-        """The position of replica r's stage k in `runners`."""
-        return r * self.num_stages + k
-
-    @property
-    def runners(self):
-        """Every runner, replica 0's stages first."""
-        return [runner for runners in self.grid for runner in runners]
-
-
-class WindowFunctions:
-    """The traced window graphs of one pipeline, by window shape.
-
-    Args:
-        setup: the pipeline's `WindowSetup`.
-    """
-
-    def __init__(self, setup):
-        self.setup = setup
-        self._cache = {}
-
-    def get(self, window, keeps, with_rates, timed=False):
-        """The graph function of `window` and the trace's notes (see `WindowEmitter`).
-
-        Returns:
-            `(function, notes, base)`: `function(xs, ys, rates, carried)` returns a dict
-            with `carried`, `losses`, `flags` and `times` (each pass's end with `timed`,
-            else empty); `notes` is the list
-            `WindowEmitter.notes`, filled when the function is first traced, for the
-            window whose first reported mini-batch is `base`.
-        """
-        base = window.first
-        skips = tuple(r.skip_non_finite for r in self.setup.runners)
-        relative = tuple(sorted(((k, i - base, j), keep) for (k, i, j), keep in keeps.items()))
-        key = (window.shape(), relative, with_rates, skips, timed)
-        entry = self._cache.get(key)
-        if entry is None:
-            notes = []
-
-            def body(xs, ys, rates, carried):
-                emitter = WindowEmitter(self.setup, window, keeps, xs, ys, rates, carried,
-                                        timed)
-                outputs = emitter.emit()
-                notes[:] = emitter.notes
-                return outputs
-
-            entry = self._cache[key] = (graph_function(body, autograph=False), notes, base)
-        return entry
-
-
-def window_keeps(window, rules, plans):
-    """What each forward of `window` keeps (`runtime.loop.keep_rules`), given the window.
-
-    A forward whose backward is in a later window cannot keep its activations: it keeps
-    its weights where the backward reuses them, else only its inputs.
-
-    Args:
-        window: a `schedule.windows.Window`.
-        rules: one keep rule per stage (`keep((i, j))`).
-        plans: each stage's `modes.PassPlan`.
-
-    Returns:
-        `{(k, i, j): ACTIVATIONS | INPUTS | WEIGHTS}` for the window's forwards.
-    """
-    backwards = {(k, op.batch, op.micro) for k, op in window.program if op.kind == BACKWARD}
-    keeps = {}
-    for k, op in window.program:
-        if op.kind != FORWARD:
-            continue
-        keep = rules[k]((op.batch, op.micro))
-        if keep == ACTIVATIONS and (k, op.batch, op.micro) not in backwards:
-            keep = WEIGHTS if plans[k].reuses_forward else INPUTS
-        keeps[(k, op.batch, op.micro)] = keep
-    return keeps
 
 
 class WindowedEpoch:
@@ -176,6 +63,7 @@ class WindowedEpoch:
         self._passes = 0  # passes reported so far (orders `runner.events`)
         self.watch = WindowWatch(self.setup, stall_timeout, label)
         self.timed = timed
+        self.probes = WindowProbes(self.setup, windows)
 
     @property
     def fed(self):
@@ -239,24 +127,30 @@ class WindowedEpoch:
         if with_rates:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
-        function, notes, traced_base = self.functions.get(window, keeps, with_rates, self.timed)
+        plan, samples = self.probes.plan(window)
+        function, notes, traced_base = self.functions.get(window, keeps, with_rates, self.timed,
+                                                          plan)
+        flags = {str(i - base): tf.constant(v) for i, v in samples.items()}
         started = []
 
         def work():
             xs = {str(i - base): self._feed(i) for i in window.fed}
             ys = {str(i - base): self._labels.pop(i) for i in window.reported}
+            args = (xs, ys, rates, carried, flags)
             # Traced with the stage functions' own options, run without optimising the
             # window's graph again (`unoptimized_calls`).
-            function.get_concrete_function(xs, ys, rates, carried)
+            function.get_concrete_function(*args)
             started.append(time.perf_counter())
             with unoptimized_calls():
-                return _read(function(xs, ys, rates, carried))
+                return _read(function(*args))
 
         try:
             outputs = self.watch.call(window, work)
         except tf.errors.OpError as error:
             self._add_note(error, window)
             raise
+        self.probes.record(window, plan, samples, outputs["probes"],
+                           [n for n in notes if n[0] == "probe"], base - traced_base)
         self._note(window, outputs["flags"], notes, base - traced_base)
         if self.timed:
             self._timelines(notes, outputs["times"], base - traced_base, started[0])
@@ -336,7 +230,7 @@ class WindowedEpoch:
         for index, event in firsts.items():
             runners[index].events.append(event)
         for note in notes:
-            if note[0] == "timed":
+            if note[0] in ("timed", "probe"):
                 continue
             if note[0] == "kept":
                 _, index, (i, j), per_example, fixed, weights, tape = note
@@ -387,6 +281,6 @@ def _read(outputs):
     """The outputs with the losses, flags and times read to the host (one wait for the
     window)."""
     outputs = dict(outputs)
-    for name in ("losses", "flags", "times"):
+    for name in ("losses", "flags", "times", "probes"):
         outputs[name] = outputs[name].numpy()
     return outputs

@@ -30,6 +30,7 @@ from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.runtime.window_errors import pass_name
+from tf_spectrain.runtime.window_probes import ProbeEmitter
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 
@@ -88,16 +89,19 @@ class WindowEmitter:
     """Writes one window's program into the graph being traced (see the module docstring).
 
     Args:
-        setup: the `runtime.window_epoch.WindowSetup` (runners, keep rules, logs).
+        setup: the `runtime.window_functions.WindowSetup` (runners, keep rules, logs).
         window: the `schedule.windows.Window`.
         keeps: `{(k, i, j): keep}` for the window's forwards (what each keeps).
         xs, ys: `{name: batch}` of the fed inputs and the reported labels.
         rates: `{name: learning rate}` of the mini-batches updated here, or None.
         carried: `{name: value}` carried in from the previous window.
         timed: whether the graph also returns when each pass ended (`times`, see `_count`).
+        probe_plan, samples: the window's `runtime.window_probes.ProbePlan` and
+            `{name: bool}` of its sampled mini-batches, or None and `{}` (no probes).
     """
 
-    def __init__(self, setup, window, keeps, xs, ys, rates, carried, timed=False):
+    def __init__(self, setup, window, keeps, xs, ys, rates, carried, timed=False,
+                 probe_plan=None, samples=None):
         self.setup = setup
         self.window = window
         self.keeps = keeps
@@ -114,6 +118,8 @@ class WindowEmitter:
         self.notes = []
         self.finished = None  # a tensor computed once the pass just emitted is (`_count`)
         self.timed, self.times = timed, []  # with `timed`: each pass's end, in program order
+        self.probes = None if probe_plan is None else ProbeEmitter(
+            probe_plan, {int(n) + self.base: v for n, v in (samples or {}).items()}, self.live)
         parts = setup.replicas * setup.micro_batches
         self.inputs = {int(n) + self.base: split_parts(x, parts) for n, x in xs.items()}
         self.labels = {int(n) + self.base: (split_parts(y, parts), batch_size(y))
@@ -140,7 +146,12 @@ class WindowEmitter:
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
         times = tf.stack(self.times) if self.times else tf.zeros((0,), tf.float64)
-        return {"carried": carried, "losses": losses, "flags": flags, "times": times}
+        probes = tf.zeros((0, 2), tf.float64)
+        if self.probes is not None:
+            probes = self.probes.outputs()
+            self.notes += self.probes.notes
+        return {"carried": carried, "losses": losses, "flags": flags, "times": times,
+                "probes": probes}
 
     def _count(self, index, kind, key):
         """Counts a finished pass of runner `index` for the stall watch (in program order:
@@ -223,6 +234,8 @@ class WindowEmitter:
             tensor_bytes(record.get("non_trainable", [])),
             tensor_bytes(weights) if keep == WEIGHTS else None, keep == ACTIVATIONS,
         ))
+        if self.probes is not None and r == 0 and j == 0:
+            self.probes.after_pass(k, runner, FORWARD, i, used=weights)
         if last:
             self.live[("out", k, i, j, r)] = {"loss": outputs[0], "logits": logits,
                                               "labels": labels}
@@ -238,8 +251,10 @@ class WindowEmitter:
             grads_out, out_scale, came_finite = passes.received(received)
             output_grads = with_penalty(grads_out, out_scale)
             taped = self.tapes.pop((k, i, j, r), None)
+            used = None  # the weights the backward used, where not recomputed from the plan
             if taped is not None:
                 tape, targets, weights, inputs = taped
+                used = weights
                 grads = tape.gradient(
                     targets, list(weights) + passes.input_targets(inputs),
                     output_gradients=output_grads,
@@ -254,7 +269,8 @@ class WindowEmitter:
                 args = (record["inputs"], output_grads, record["non_trainable"], labels,
                         record["scale"])
                 if stashed:
-                    grads_w, grads_x = passes.vjp_at_fn(*args, self.live[("stash", k, i, r)])
+                    used = self.live[("stash", k, i, r)]
+                    grads_w, grads_x = passes.vjp_at_fn(*args, used)
                 else:
                     steps = runner.plan.backward_steps
                     steps = runner.plan.forward_steps if steps is None else steps
@@ -269,6 +285,8 @@ class WindowEmitter:
             self.live[pending] = grads_w
             if passes.loss_scale is not None:
                 self._note_scaled(k, i, r, out_scale, came_finite, finite)
+        if self.probes is not None and r == 0 and j == 0:
+            self.probes.after_pass(k, runner, BACKWARD, i, used=used)
         self.flags.append((setup.index(r, k), BACKWARD, (i, j), finite))
         self.finished = finite  # likewise, of every gradient
         self.notes.append(("released", setup.index(r, k), (i, j)))
@@ -362,6 +380,8 @@ class WindowEmitter:
                                            [] if finite is None else finite[r])
                 elif runner.trainable:
                     passes.apply_fn(summed[r], row, runner.skip_non_finite)
+            if self.probes is not None and r == 0:
+                self.probes.after_update(k, runner, i)
 
     def _report(self, i):
         """The loss of mini-batch i (layer losses included) and its metrics update."""

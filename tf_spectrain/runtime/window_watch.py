@@ -21,7 +21,7 @@ class WindowWatch:
     """Progress records, the stall watch and the watched calls of one windowed epoch.
 
     Args:
-        setup: the pipeline's `runtime.window_epoch.WindowSetup`.
+        setup: the pipeline's `runtime.window_functions.WindowSetup`.
         timeout: `stall_timeout` in seconds, or None.
         label: names the epoch in the message, e.g. "epoch 3".
 

@@ -206,6 +206,19 @@ class EpochWindows:
         self._reported = stop
         return Window(program, first, stop, fed)
 
+    def update_after(self, k, op, count):
+        """The mini-batch of stage k's `count`-th update after its `op` in the epoch's list
+        (the update that brings the stage `count` versions past the pass), or None when the
+        epoch ends first."""
+        ops = self._lists[k]
+        seen = 0
+        for later in ops[ops.index(op) + 1:]:
+            if later.kind == UPDATE:
+                seen += 1
+                if seen == count:
+                    return later.batch
+        return None
+
     def _cut_after(self, i):
         """The position key of the report stage's last op of mini-batch i (its update)."""
         k = self.report_stage

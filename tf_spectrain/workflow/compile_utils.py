@@ -193,12 +193,26 @@ def check_clipping(optimizer, mode):
         )
 
 
-def warn_graph_options(run_eagerly, jit_compile):
-    """Warns that `compile`'s `run_eagerly=True` or `jit_compile=True` are not honoured."""
-    for name, value, off in (("run_eagerly", run_eagerly, (False, None)),
-                             ("jit_compile", jit_compile, ("auto", False, None))):
-        if value not in off:
-            warnings.warn(
-                f"`{name}={value!r}` is accepted for Keras scripts but has no effect: the "
-                "pipeline's stages always run as TensorFlow graph functions without XLA.",
-                stacklevel=messages.user_stacklevel())
+def warn_graph_options(run_eagerly):
+    """Warns that `compile`'s `run_eagerly=True` is not honoured."""
+    if run_eagerly not in (False, None):
+        warnings.warn(
+            f"`run_eagerly={run_eagerly!r}` is accepted for Keras scripts but has no effect: "
+            "the pipeline's stages always run as TensorFlow graph functions.",
+            stacklevel=messages.user_stacklevel())
+
+
+def warn_layers_without_xla(model, jit_compile):
+    """Warns, for `jit_compile=True`, naming the layers that say XLA cannot compile them
+    (`supports_jit = False`): Keras then trains the whole model without XLA, and so do the
+    stages."""
+    if jit_compile is not True:
+        return
+    layers = [layer.name for layer in model._flatten_layers()  # noqa: SLF001 (as Keras)
+              if not getattr(layer, "supports_jit", True)]
+    if layers:
+        warnings.warn(
+            f"`jit_compile=True`: layers {layers} do not support XLA (`supports_jit` is "
+            "False), so, as in Keras, no stage is compiled with XLA. Remove them, or pass "
+            "`jit_compile=False` (or \"auto\") to silence this warning.",
+            stacklevel=messages.user_stacklevel())
