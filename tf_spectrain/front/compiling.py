@@ -88,9 +88,8 @@ class Compiling:
                 them, and a learning rate set at a batch's begin applies to the K. The
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
                 1 runs each pass from its stage's thread. `"auto"` (the default): 8,
-                unless a callback of your own has per-batch hooks (then 1). A `fit`
-                whose telemetry measures prediction errors pass by pass
-                (`Telemetry(prediction_every=...)`) runs as with 1.
+                unless a callback of your own has per-batch hooks (then 1). The
+                telemetry's prediction errors are measured inside the windows.
             weighted_metrics: as in Keras, metrics updated with the sample weights of
                 `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,
                 sample_weight)` batches (`metrics` ignore them); one named as a metric of
