@@ -4,6 +4,7 @@
     python -m benchmarks.floor --stages 4 --modes stash,spectrain-paper --rounds 5
     python -m benchmarks.floor --model conv --steps-per-execution 1,auto,32
     python -m benchmarks.floor --profile stash --stages 4 --steps-per-execution 1
+    python -m benchmarks.floor --stages 4 --modes stash --steps-per-execution auto --xla off,on
     python -m benchmarks.floor --out docs/data/issue17/floor-dense.md \\
         --json docs/data/issue17/floor-dense.jsonl
 
@@ -18,6 +19,9 @@ timed in turn, `--rounds` times: `--batches` mini-batches per timed `fit`, this 
 time / wall time beside each. The table gives the median mini-batches per second (and the
 range over the rounds), and each pipeline's time per mini-batch over Keras' `fit` with the
 same `steps_per_execution` (Keras' default 1 for the pipeline's "auto") in the same round.
+
+`--xla off,on` builds every trainer both without and with `compile(jit_compile=True)` (each
+stage's passes, and Keras' step, compiled with XLA), interleaved.
 
 `--profile CONFIG` instead runs one trainer under yappi (CPU time, every thread) and prints
 where the CPU time per mini-batch goes, by kind of work.
@@ -69,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=common.csv_of(int), default=[1, 2, 4, 8])
     p.add_argument("--modes", type=common.csv_of(str, MODES), default=list(MODES))
     p.add_argument("--steps-per-execution", type=common.csv_of(str), default=["1", "auto"])
+    p.add_argument("--xla", type=common.csv_of(str, ("off", "on")), default=["off"],
+                   help="trainers without and/or with compile(jit_compile=True)")
     p.add_argument("--batches", type=common.positive_int, default=300)
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--profile", choices=list(MODES) + ["keras"], default=None)
@@ -118,22 +124,26 @@ def make_trainers(args, devices):
     keras.utils.set_random_seed(0)  # once: seeding clears TensorFlow's kernel caches
     trainers = {}
     keras_values = sorted({1} | {1 if v == "auto" else int(v) for v in args.steps_per_execution})
-    for keras_spe in keras_values:
-        model = build(keras, args.model, args.layers)
-        model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
-                      "sparse_categorical_crossentropy", steps_per_execution=keras_spe)
-        trainers[f"keras fit, spe={keras_spe}"] = (model, keras_spe)
-    for value in args.steps_per_execution:
-        for n in args.stages:
-            for name in args.modes:
-                mode, target = MODES[name]
-                pipe = tf_spectrain.PipelineModel(
-                    build(keras, args.model, args.layers), cuts=cuts(n, args.layers),
-                    devices=devices[:n], mode=mode, spectrain_target=target)
-                pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
-                             "sparse_categorical_crossentropy", steps_per_execution=spe(value))
-                trainers[f"{name}, N={n}, spe={value}"] = (
-                    pipe, 1 if value == "auto" else int(value))
+    for xla in getattr(args, "xla", ["off"]):
+        jit, suffix = xla == "on", ", XLA" if xla == "on" else ""
+        for keras_spe in keras_values:
+            model = build(keras, args.model, args.layers)
+            model.compile(keras.optimizers.SGD(0.01, momentum=0.9),
+                          "sparse_categorical_crossentropy", steps_per_execution=keras_spe,
+                          jit_compile=jit)
+            trainers[f"keras fit, spe={keras_spe}{suffix}"] = (model, keras_spe)
+        for value in args.steps_per_execution:
+            for n in args.stages:
+                for name in args.modes:
+                    mode, target = MODES[name]
+                    pipe = tf_spectrain.PipelineModel(
+                        build(keras, args.model, args.layers), cuts=cuts(n, args.layers),
+                        devices=devices[:n], mode=mode, spectrain_target=target)
+                    pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
+                                 "sparse_categorical_crossentropy",
+                                 steps_per_execution=spe(value), jit_compile=jit)
+                    trainers[f"{name}, N={n}, spe={value}{suffix}"] = (
+                        pipe, 1 if value == "auto" else int(value))
     return trainers
 
 
@@ -181,8 +191,9 @@ def table(results, args):
         rate = [r["batches_per_second"] for r in records]
         ms = [r["ms_per_batch"] for r in records]
         ratios = []
+        suffix = ", XLA" if label.endswith(", XLA") else ""
         for keras_spe in sorted({1, records[0]["keras_spe"]}):
-            keras_runs = results[f"keras fit, spe={keras_spe}"]
+            keras_runs = results[f"keras fit, spe={keras_spe}{suffix}"]
             ratios.append("" if label.startswith("keras") else common.spread(
                 [r["ms_per_batch"] / k["ms_per_batch"] for r, k in zip(records, keras_runs)],
                 ".2f") + "x")

@@ -165,12 +165,25 @@ class WindowedEpoch:
         """Names the stage of a failed window's op (and its pass and mini-batch where the
         error shows them), as the stage threads do (`runtime.executor`)."""
         setup = self.setup
+        if not hasattr(error, "add_note"):
+            return
+        where = f" of {self.label}" if self.label else ""
+        if isinstance(error, tf.errors.CancelledError):
+            # A stage's pass function that fails cancels the window's other work, and
+            # TensorFlow may report that cancellation first: the pass it names is a victim.
+            error.add_note(
+                f"(tf_spectrain: an op failed in a pass of the window of mini-batches "
+                f"{window.first}-{window.stop - 1}{where}, and TensorFlow reported the "
+                "cancellation of the window's other passes instead of that error, which is "
+                "in TensorFlow's log (with TF_CPP_MIN_LOG_LEVEL below 2). "
+                "compile(steps_per_execution=1) runs each pass on its own and raises the "
+                "error itself, naming its stage, pass and mini-batch.)")
+            return
         layers = [[layer.name for layer in runner.model.layers] for runner in setup.grid[0]]
         failed = failed_op(error, layers)
-        if failed is None or not hasattr(error, "add_note"):
+        if failed is None:
             return
         k, kind, relative, r, layer = failed
-        where = f" of {self.label}" if self.label else ""
         copy = f" of replica {r}" if r is not None and setup.replicas > 1 else ""
         device = setup.grid[r or 0][k].device
         if relative is not None:

@@ -31,6 +31,7 @@ from tf_spectrain.runtime.passes import with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.runtime.window_errors import pass_name
 from tf_spectrain.runtime.window_probes import ProbeEmitter
+from tf_spectrain.runtime.window_watch import PassMarks
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
 
@@ -95,7 +96,7 @@ class WindowEmitter:
         xs, ys: `{name: batch}` of the fed inputs and the reported labels.
         rates: `{name: learning rate}` of the mini-batches updated here, or None.
         carried: `{name: value}` carried in from the previous window.
-        timed: whether the graph also returns when each pass ended (`times`, see `_count`).
+        timed: whether the graph also returns when each pass ended (`times`, `PassMarks`).
         probe_plan, samples: the window's `runtime.window_probes.ProbePlan` and
             `{name: bool}` of its sampled mini-batches, or None and `{}` (no probes).
     """
@@ -116,8 +117,8 @@ class WindowEmitter:
         # ("kept", runner index, (i, j), bytes per example, fixed bytes, weight copy bytes
         # or None, whether a tape holds its activations) and ("released", index, (i, j)).
         self.notes = []
-        self.finished = None  # a tensor computed once the pass just emitted is (`_count`)
-        self.timed, self.times = timed, []  # with `timed`: each pass's end, in program order
+        self.finished = None  # a tensor computed once the pass just emitted is
+        self.marks = PassMarks(setup, timed)  # the stall watch's counts, the passes' ends
         self.probes = None if probe_plan is None else ProbeEmitter(
             probe_plan, {int(n) + self.base: v for n, v in (samples or {}).items()}, self.live)
         parts = setup.replicas * setup.micro_batches
@@ -136,50 +137,24 @@ class WindowEmitter:
                         self._backward(k, op.batch, op.micro, r)
                     else:
                         self._update(k, op.batch)
-                        self._time_update(k, op.batch)
+                        self.marks.time_update(k, op.batch)
                         continue
-                    self._count(self.setup.index(r, k), op.kind, (op.batch, op.micro))
+                    self.marks.count(self.finished, self.setup.index(r, k), op.kind,
+                                     (op.batch, op.micro))
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
         # Named from the next window's first mini-batch, which reads them.
         carried = {encode(key, self.window.stop): value for key, value in self.live.items()}
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
-        times = tf.stack(self.times) if self.times else tf.zeros((0,), tf.float64)
+        times = self.marks.times()
+        self.notes += self.marks.notes
         probes = tf.zeros((0, 2), tf.float64)
         if self.probes is not None:
             probes = self.probes.outputs()
             self.notes += self.probes.notes
         return {"carried": carried, "losses": losses, "flags": flags, "times": times,
                 "probes": probes}
-
-    def _count(self, index, kind, key):
-        """Counts a finished pass of runner `index` for the stall watch (in program order:
-        one variable), once `finished` is computed: through an identity, as an edge from
-        an inlined call's output would wait only for the call's side effects. With
-        `timed`, also takes the time then, noted `("timed", index, kind, key)`."""
-        with tf.device(self.finished.device or None):
-            ready = tf.identity(self.finished)
-        counter = self.setup.counters[index]
-        with tf.device(counter.device), tf.control_dependencies([ready]):
-            counter.assign_add(1)
-            if self.timed:
-                self.times.append(tf.timestamp())
-                self.notes.append(("timed", index, kind, key))
-
-    def _time_update(self, k, i):
-        """With `timed`, the time stage k's update of i ended (a read of a weight, ordered
-        after the update), unless updates wait for every stage (then not timed)."""
-        if not self.timed or self.setup.waits_for_all_stages:
-            return
-        for r in range(self.setup.replicas):
-            runner = self.setup.grid[r][k]
-            if runner.passes.tf_trainable:
-                with tf.device(runner.device):
-                    read = tf.identity(runner.passes.tf_trainable[0])
-                with tf.device(self.setup.counters[0].device), tf.control_dependencies([read]):
-                    self.times.append(tf.timestamp())
-                self.notes.append(("timed", self.setup.index(r, k), UPDATE, (i, None)))
 
     # --- passes ---------------------------------------------------------------------------
 

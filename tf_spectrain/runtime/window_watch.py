@@ -11,10 +11,65 @@ helper thread (`handoff.watched_call`), so that the caller's thread can stop the
 
 import contextlib
 
+import tensorflow as tf
+
 from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.handoff import watched_call
+from tf_spectrain.schedule import UPDATE
 
 _WAIT_SLICE = 0.05
+
+
+class PassMarks:
+    """What a window graph writes as its passes finish, for the watch and the trace.
+
+    Each runner's finished passes are counted in its `WindowSetup.counters` variable (in
+    program order: one variable per runner), which `WindowWatch` reads while the window
+    runs; with `timed`, each pass's end time is taken too (`times`), noted in `notes` as
+    `("timed", runner index, kind, key)` in the same order.
+
+    Args:
+        setup: the pipeline's `runtime.window_functions.WindowSetup`.
+        timed: whether to take each pass's end time.
+    """
+
+    def __init__(self, setup, timed):
+        self.setup = setup
+        self.timed = timed
+        self._times = []
+        self.notes = []
+
+    def count(self, finished, index, kind, key):
+        """Counts a finished pass of runner `index` once `finished` (a tensor computed once
+        the pass is) exists: through an identity, as an edge from an inlined call's output
+        would wait only for the call's side effects. With `timed`, also takes the time."""
+        with tf.device(finished.device or None):
+            ready = tf.identity(finished)
+        counter = self.setup.counters[index]
+        with tf.device(counter.device), tf.control_dependencies([ready]):
+            counter.assign_add(1)
+            if self.timed:
+                self._times.append(tf.timestamp())
+                self.notes.append(("timed", index, kind, key))
+
+    def time_update(self, k, i):
+        """With `timed`, the time stage k's update of i ended (a read of a weight, ordered
+        after the update), unless updates wait for every stage (then not timed)."""
+        setup = self.setup
+        if not self.timed or setup.waits_for_all_stages:
+            return
+        for r in range(setup.replicas):
+            runner = setup.grid[r][k]
+            if runner.passes.tf_trainable:
+                with tf.device(runner.device):
+                    read = tf.identity(runner.passes.tf_trainable[0])
+                with tf.device(setup.counters[0].device), tf.control_dependencies([read]):
+                    self._times.append(tf.timestamp())
+                self.notes.append(("timed", setup.index(r, k), UPDATE, (i, None)))
+
+    def times(self):
+        """The end times taken, a float64 vector (empty without `timed`)."""
+        return tf.stack(self._times) if self._times else tf.zeros((0,), tf.float64)
 
 
 class WindowWatch:
