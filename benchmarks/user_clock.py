@@ -15,6 +15,10 @@ script would be:
 - `relength`: a `fit` of `--warmup` mini-batches, then a timed `fit` of `--steps-new`: a
   number of mini-batches not seen before (a new window shape for a pipeline; nothing new
   for Keras).
+- `main`: the README's main command, `python train.py --model vgg16 --gpus 4` as it is
+  (`train-default`: windows) and with `--steps-per-execution 1` (`train-pass-by-pass`, what
+  it ran before windows took the telemetry's probes), each a fresh process: its own
+  summary line (test accuracy, training images/s, wall time) and the process' wall time.
 - `resnet`: the zoo's `resnet50` at 32 px, batch 16, a first `fit` of `--resnet-steps`,
   a `fit` of `--resnet-steps-new` and the same again: graph building of the first fit is
   its wall time less the third fit's time per mini-batch times its mini-batches, and the
@@ -38,7 +42,8 @@ from benchmarks import common
 
 CONFIGS = {"keras-1core": "single", "stash": "stash", "spectrain-paper": "spectrain"}
 REFERENCE = "keras-1core"
-CASES = ("whole", "relength", "resnet")
+CASES = ("whole", "relength", "resnet", "main")
+MAIN = {"train-default": [], "train-pass-by-pass": ["--steps-per-execution", "1"]}
 CUTS = {
     ("vgg16", 2): ["block3_relu2"],
     ("small_cnn", 2): ["pool1"],
@@ -46,7 +51,7 @@ CUTS = {
     ("small_cnn", 4): ["pool1", "flatten", "fc1"],
 }
 CASE_CONFIGS = {"whole": tuple(CONFIGS), "relength": tuple(CONFIGS),
-                "resnet": ("keras-1core", "stash")}
+                "resnet": ("keras-1core", "stash"), "main": tuple(MAIN)}
 
 
 def parse_args(argv):
@@ -150,8 +155,35 @@ def child(args):
     print(json.dumps(out))
 
 
+def run_main(name, args):
+    """`train.py` as a user runs it (`MAIN[name]` added), in a fresh process; its record."""
+    import re
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as logdir:
+        extra = ["--limit", "256", "--epochs", "1"] if args.quick else []
+        cmd = [sys.executable, os.path.join(common.ROOT, "train.py"), "--model", "vgg16",
+               "--gpus", "4", "--logdir", logdir, *extra, *MAIN[name]]
+        clock = common.CpuClock()
+        with clock:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                                 check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"train.py {MAIN[name]} failed:\n{out.stderr[-3000:]}")
+    last = [line for line in out.stdout.splitlines() if "test accuracy" in line][-1]
+    numbers = re.search(r"test accuracy ([\d.]+) \| ([\d.]+) images/s \| wall time ([\d.]+)",
+                        last)
+    accuracy, images, wall = (float(v) for v in numbers.groups())
+    return {"case": "main", "config": name, "test_accuracy": accuracy,
+            "images_per_second": images, "wall_time": wall,
+            "process": {"wall": clock.wall}}
+
+
 def measure(case, name, args):
     """Runs one case and configuration in a fresh process; returns its record."""
+    if case == "main":
+        return run_main(name, args)
     flags = ["--child", f"{case}:{name}", "--epochs", str(args.epochs), "--steps",
              str(args.steps), "--warmup", str(args.warmup), "--steps-new", str(args.steps_new),
              "--resnet-steps", str(args.resnet_steps),
@@ -204,6 +236,19 @@ def tables(results):
         parts.append("ResNet-50 graph building (s)\n\n" + common.markdown_table(
             ["configuration", "first fit", "fit of another length", "CPU/wall (first)",
              "first / Keras'"], rows))
+    main = results.get("main")
+    if main:
+        base = main["train-pass-by-pass"]
+        rows = [[name, common.spread([r["test_accuracy"] for r in runs], ".4f"),
+                 common.spread([r["images_per_second"] for r in runs], ".1f"),
+                 common.spread([r["wall_time"] for r in runs], ".1f"),
+                 common.spread([r["process"]["wall"] for r in runs], ".1f"),
+                 common.spread([b["wall_time"] / r["wall_time"] for r, b in zip(runs, base)],
+                               ".2f")]
+                for name, runs in main.items()]
+        parts.append("`python train.py --model vgg16 --gpus 4`\n\n" + common.markdown_table(
+            ["configuration", "test accuracy", "training images/s", "wall time (s)",
+             "process (s)", "pass by pass / this"], rows))
     return "\n\n".join(parts)
 
 
