@@ -123,9 +123,12 @@ def test_probe_horizons_of_the_new_modes(mode, num_stages, expected):
 @pytest.mark.parametrize("num_stages, accumulate, micro_batches, options", [
     (3, None, 1, {}),
     (4, 4, 1, {}),
-    (4, 5, 1, {"steps_per_execution": "auto"}),  # windows asked for: 2bw runs pass by pass
+    (4, 5, 1, {"steps_per_execution": "auto"}),  # one window per epoch, groups held in it
     (2, 3, 2, {}),
     (3, 3, 2, {"recompute": "always"}),
+    # Windows of 2: groups of 3 and 4 held across windows, the last group cut short.
+    (3, 3, 1, {"steps_per_execution": 2}),
+    (4, 4, 2, {"steps_per_execution": 2, "recompute": "always"}),
 ])
 def test_2bw_matches_the_reference(problem, num_stages, accumulate, micro_batches, options):
     want, losses = reference(problem, num_stages, "2bw",
@@ -139,35 +142,42 @@ def test_2bw_matches_the_reference(problem, num_stages, accumulate, micro_batche
     assert max_diff(want, stash) > 100 * ATOL
 
 
-def test_2bw_with_replicas_matches_the_reference(problem):
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_2bw_with_replicas_matches_the_reference(problem, steps_per_execution):
     # Each replica's gradient is summed over the replicas at every mini-batch's update; the
     # group's sum is held once, so the copies apply the same mean.
     want, _ = reference(problem, 2, "2bw", accumulate=2, micro_batches=2)
     got, _ = train_pipeline(*problem, 2, "2bw", "paper", micro_batches=2, accumulate=2,
                             replicas=2, devices=["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"],
-                            steps_per_execution=1)
+                            steps_per_execution=steps_per_execution)
     assert max_diff(got, want) < ATOL
 
 
-def test_2bw_stopped_mid_group_applies_what_it_held(problem):
-    # Stopped after mini-batch 0 of an epoch of 5 (groups of 4): the mini-batches already fed
-    # finish, and their unfinished group is applied at the stop, as in an epoch of that many.
+@pytest.mark.parametrize("steps_per_execution, accumulate, stop_after, applied", [
+    (1, 4, 0, 1),  # stopped after mini-batch 0: 3 fed, one group of them cut short
+    (2, 4, 1, 1),  # after the first window (mini-batches 0-1): 3 fed, held across windows
+])
+def test_2bw_stopped_mid_group_applies_what_it_held(problem, steps_per_execution, accumulate,
+                                                    stop_after, applied):
+    # Stopped in an epoch of 5: the mini-batches already fed finish, and their unfinished
+    # group is applied at the stop, as in an epoch of that many.
     params, batches = problem
     model = keras_mlp(params)
-    pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[3]), mode="2bw", accumulate=4)
+    pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[3]), mode="2bw",
+                         accumulate=accumulate)
     pipe.compile(prediction.SpecTrainSGD(LR, momentum=MOMENTUM),
                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=1)
+                 steps_per_execution=steps_per_execution)
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
     pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-             callbacks=[StopAt(0)])
+             callbacks=[StopAt(stop_after)])
     done = pipe.epoch_progress[1]
-    assert 1 <= done < NUM_BATCHES
+    assert 1 <= done < NUM_BATCHES and done % accumulate != 0
     final, _ = ref.train_reference(params, STAGE_SIZES[3], batches[:done], mode="2bw", lr=LR,
-                                   momentum=MOMENTUM, accumulate=4)
+                                   momentum=MOMENTUM, accumulate=accumulate)
     assert max_diff(model.get_weights(), flat(final)) < ATOL
-    assert all(r.updates == 1 for r in pipe.runners)
+    assert all(r.updates == applied for r in pipe.runners)
 
 
 @pytest.mark.parametrize("num_stages, devices", [(4, None), (8, ["/CPU:0"] * 8)])

@@ -228,6 +228,8 @@ def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
     ("spectrain", "consistent", {"micro_batches": 2}),
     ("stash", "paper", {"recompute": "always"}),
     ("vanilla", "paper", {}),
+    ("nesterov", "paper", {}),
+    ("2bw", "paper", {"accumulate": 4}),  # versions are applied updates: 3 an epoch
 ])
 def test_windows_measure_what_the_stage_threads_measure(mode, target, options, tmp_path):
     # The same training in windows of 5 (forwards whose backward, and passes whose target
@@ -246,9 +248,16 @@ def test_windows_measure_what_the_stage_threads_measure(mode, target, options, t
         results[spe] = {(r["epoch"], r["batch"], r["stage"], r["pass"]): r
                         for r in telemetry.predictions}
     threads, windows = results[1], results[5]
-    assert len(windows) > 10 and set(windows) <= set(threads)
+    # Pass by pass, a measurement whose target is in the next epoch waits there, and holds
+    # one of the stage's `max_pending` places: windows, which leave it out, may measure a
+    # pass the threads skipped at the next epoch's start; within an epoch they agree.
+    first = {key for key in windows if key[0] == 0}
+    assert len(windows) > 10 and first <= set(threads)
+    per_epoch = 12 // options.get("accumulate", 1)  # updates an epoch
     for key in set(threads) - set(windows):
-        assert threads[key]["target_version"] > 12 * (key[0] + 1), key  # next epoch's
+        assert threads[key]["target_version"] > per_epoch * (key[0] + 1), key  # next epoch's
+    assert len(set(windows) - set(threads)) <= 2
+    windows = {key: r for key, r in windows.items() if key in threads}
     for key, got in windows.items():
         want = threads[key]
         assert (got["used_version"], got["target_version"]) == (

@@ -182,5 +182,5 @@ class Fitting:
             report = 0 if self.mode == "sync" else self.num_stages - 1
             self._windows = WindowFunctions(
                 WindowSetup(self._require_replica_runners(), logs.logs, self.micro_batches,
-                            report))
+                            report, self.options.updates_every(self.num_stages)))
         return self._windows

@@ -149,3 +149,28 @@ class Feed:
                 return False
             self._begun = i
             return True
+
+
+def split_parts(x, parts):
+    """Splits every tensor of the nest `x` into `parts` nearly equal slices (the first are
+    larger, as `runtime.feed.split_batch`), with each slice's share of the batch.
+
+    Returns:
+        A list of `(slice nest, share)`, the share a float32 scalar tensor.
+    """
+    if parts == 1:
+        return [(x, tf.constant(1.0, tf.float32))]
+    flat = tf.nest.flatten(x)
+    n = tf.shape(flat[0], out_type=tf.int64)[0]
+    sizes = [n // parts + tf.cast(j < n % parts, tf.int64) for j in range(parts)]
+    pieces = [tf.split(t, tf.stack(sizes)) for t in flat]
+    out = []
+    for j, size in enumerate(sizes):
+        share = tf.cast(tf.cast(size, tf.float64) / tf.cast(n, tf.float64), tf.float32)
+        out.append((tf.nest.pack_sequence_as(x, [p[j] for p in pieces]), share))
+    return out
+
+
+def batch_size(y):
+    """The examples of a mini-batch, from its labels."""
+    return tf.shape(tf.nest.flatten(y)[0])[0]

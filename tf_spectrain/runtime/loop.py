@@ -235,8 +235,9 @@ class FitLoop:
         read_rate = learning_rate_reader(pipe.runners[-1].optimizer)
         label = f"epoch {epoch}"
         every = options.updates_every(pipe.num_stages)
-        # 2bw's held gradients live between windows' graphs: it runs pass by pass for now.
-        if self.window > 1 and every == 1:
+        # 2bw under a dynamic loss scale runs pass by pass (its held gradients' scales).
+        if self.window > 1 and (every == 1 or all(r.loss_scale is None
+                                                  for r in pipe.all_runners)):
             run, hook = self._windowed(epoch, batches, rules, label)
         else:
             run = EpochRun(

@@ -20,9 +20,9 @@ from tf_spectrain.runtime.graphs import unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.window_errors import failed_op
 from tf_spectrain.runtime.window_functions import window_keeps
-from tf_spectrain.runtime.window_probes import WindowProbes
+from tf_spectrain.runtime.window_probes import WindowProbes, probe_sample_name
 from tf_spectrain.runtime.window_watch import WindowWatch
-from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
+from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE, modes
 
 _WAIT_SLICE = 0.05
 
@@ -127,10 +127,14 @@ class WindowedEpoch:
         if with_rates:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
-        plan, samples = self.probes.plan(window)
+        plan, samples = self.probes.plan(window, self.applies)
+        applies = None
+        if self.setup.accumulate > 1:  # mode 2bw: which updates apply their group's gradient
+            applies = {op.batch for k, op in window.program
+                       if op.kind == UPDATE and self.applies(op.batch)}
         function, notes, traced_base = self.functions.get(window, keeps, with_rates, self.timed,
-                                                          plan)
-        flags = {str(i - base): tf.constant(v) for i, v in samples.items()}
+                                                          plan, applies)
+        flags = {probe_sample_name(key, base): tf.constant(v) for key, v in samples.items()}
         started = []
 
         def work():
@@ -160,6 +164,11 @@ class WindowedEpoch:
         with self.watch.progress.paused():
             on_window(window, outputs["losses"])
         return outputs["carried"]
+
+    def applies(self, i):
+        """Whether U(i) applies the stage's gradient (`modes.applies_update`; mode 2bw holds
+        the others), in the epoch as cut so far (a stop makes it shorter)."""
+        return modes.applies_update(i, self.windows.num_batches, self.setup.accumulate)
 
     def _add_note(self, error, window):
         """Names the stage of a failed window's op (and its pass and mini-batch where the
@@ -257,7 +266,8 @@ class WindowedEpoch:
                 _, index, (i, j) = note
                 runners[index].memory.released((i + shift, j))
         for k in range(setup.num_stages):
-            count = sum(1 for s, op in window.program if s == k and op.kind == UPDATE)
+            count = sum(1 for s, op in window.program
+                        if s == k and op.kind == UPDATE and self.applies(op.batch))
             for r in range(setup.replicas):
                 setup.grid[r][k].note_updates(count)
 

@@ -24,13 +24,15 @@ class WindowSetup:
         logs: the `runtime.bookkeeping.BatchLogs` the graphs update (loss and metrics).
         micro_batches: M.
         report_stage: the stage whose updates report mini-batches (`EpochWindows`).
+        accumulate: mini-batches per applied update (mode 2bw's `A`; else 1).
     """
 
-    def __init__(self, grid, logs, micro_batches, report_stage):
+    def __init__(self, grid, logs, micro_batches, report_stage, accumulate=1):
         self.grid = grid
         self.logs = logs
         self.micro_batches = micro_batches
         self.report_stage = report_stage
+        self.accumulate = accumulate
         self.num_stages = len(grid[0])
         self.replicas = len(grid)
         self.clip_globally = any(r.global_clipnorm for r in grid[0])
@@ -73,7 +75,7 @@ class WindowFunctions:
         self.setup = setup
         self._cache = {}
 
-    def get(self, window, keeps, with_rates, timed=False, probe_plan=None):
+    def get(self, window, keeps, with_rates, timed=False, probe_plan=None, applies=None):
         """The graph function of `window` and the trace's notes (see `WindowEmitter`).
 
         Returns:
@@ -81,22 +83,23 @@ class WindowFunctions:
             dict with `carried`, `losses`, `flags`, `times` (each pass's end with `timed`,
             else empty) and `probes` (the measurements of `probe_plan`, a
             `runtime.window_probes.ProbePlan`, whose mini-batches `samples` samples);
-            `notes` is the list
-            `WindowEmitter.notes`, filled when the function is first traced, for the
+            `applies` (mode 2bw) are the mini-batches whose updates apply; `notes` is the
+            list `WindowEmitter.notes`, filled when the function is first traced, for the
             window whose first reported mini-batch is `base`.
         """
         base = window.first
         skips = tuple(r.skip_non_finite for r in self.setup.runners)
         relative = tuple(sorted(((k, i - base, j), keep) for (k, i, j), keep in keeps.items()))
         probed = None if probe_plan is None else probe_plan.relative(base)
-        key = (window.shape(), relative, with_rates, skips, timed, probed)
+        applying = None if applies is None else tuple(sorted(i - base for i in applies))
+        key = (window.shape(), relative, with_rates, skips, timed, probed, applying)
         entry = self._cache.get(key)
         if entry is None:
             notes = []
 
             def body(xs, ys, rates, carried, samples):
                 emitter = WindowEmitter(self.setup, window, keeps, xs, ys, rates, carried,
-                                        timed, probe_plan, samples)
+                                        timed, probe_plan, samples, applies)
                 outputs = emitter.emit()
                 notes[:] = emitter.notes
                 return outputs

@@ -24,13 +24,19 @@ same shape has the same inputs and outputs and reuses one traced graph.
 
 import tensorflow as tf
 
-from tf_spectrain.runtime.graphs import add_gradients, as_list, differentiable
+from tf_spectrain.runtime.feed import batch_size, split_parts
+from tf_spectrain.runtime.graphs import (
+    add_gradients,
+    as_list,
+    differentiable,
+    divided_gradient,
+)
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.runtime.window_errors import pass_name
-from tf_spectrain.runtime.window_probes import ProbeEmitter
+from tf_spectrain.runtime.window_probes import ProbeEmitter, pass_of
 from tf_spectrain.runtime.window_watch import PassMarks
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
 
@@ -50,26 +56,6 @@ def decode(name, base):
     return (kind, *numbers)
 
 
-def split_parts(x, parts):
-    """Splits every tensor of the nest `x` into `parts` nearly equal slices (the first are
-    larger, as `runtime.feed.split_batch`), with each slice's share of the batch.
-
-    Returns:
-        A list of `(slice nest, share)`, the share a float32 scalar tensor.
-    """
-    if parts == 1:
-        return [(x, tf.constant(1.0, tf.float32))]
-    flat = tf.nest.flatten(x)
-    n = tf.shape(flat[0], out_type=tf.int64)[0]
-    sizes = [n // parts + tf.cast(j < n % parts, tf.int64) for j in range(parts)]
-    pieces = [tf.split(t, tf.stack(sizes)) for t in flat]
-    out = []
-    for j, size in enumerate(sizes):
-        share = tf.cast(tf.cast(size, tf.float64) / tf.cast(n, tf.float64), tf.float32)
-        out.append((tf.nest.pack_sequence_as(x, [p[j] for p in pieces]), share))
-    return out
-
-
 def _per_example_bytes(tensors):
     """The bytes of one example of `tensors` (their static shapes past the batch axis)."""
     total = 0
@@ -79,11 +65,6 @@ def _per_example_bytes(tensors):
             count *= int(dim or 0)
         total += count * t.dtype.size
     return total
-
-
-def batch_size(y):
-    """The examples of a mini-batch, from its labels."""
-    return tf.shape(tf.nest.flatten(y)[0])[0]
 
 
 class WindowEmitter:
@@ -98,16 +79,19 @@ class WindowEmitter:
         carried: `{name: value}` carried in from the previous window.
         timed: whether the graph also returns when each pass ended (`times`, `PassMarks`).
         probe_plan, samples: the window's `runtime.window_probes.ProbePlan` and
-            `{name: bool}` of its sampled mini-batches, or None and `{}` (no probes).
+            `{name: bool}` of its sampled passes (`probe_sample_name`), or None and `{}`.
+        applies: mode 2bw: the mini-batches whose updates in this window apply their
+            group's gradient (the others hold theirs); None: every update applies.
     """
 
     def __init__(self, setup, window, keeps, xs, ys, rates, carried, timed=False,
-                 probe_plan=None, samples=None):
+                 probe_plan=None, samples=None, applies=None):
         self.setup = setup
         self.window = window
         self.keeps = keeps
         self.base = window.first
         self.rates = rates
+        self.applies = applies
         self.live = {decode(name, self.base): value for name, value in carried.items()}
         self.tapes = {}
         self.flags = []  # (runner index, kind, (i, j), finite) in program order
@@ -120,7 +104,8 @@ class WindowEmitter:
         self.finished = None  # a tensor computed once the pass just emitted is
         self.marks = PassMarks(setup, timed)  # the stall watch's counts, the passes' ends
         self.probes = None if probe_plan is None else ProbeEmitter(
-            probe_plan, {int(n) + self.base: v for n, v in (samples or {}).items()}, self.live)
+            probe_plan, {pass_of(name, self.base): v for name, v in (samples or {}).items()},
+            self.live)
         parts = setup.replicas * setup.micro_batches
         self.inputs = {int(n) + self.base: split_parts(x, parts) for n, x in xs.items()}
         self.labels = {int(n) + self.base: (split_parts(y, parts), batch_size(y))
@@ -340,6 +325,10 @@ class WindowEmitter:
         setup = self.setup
         summed = self._reduced(k, i)
         del self.live[("sum", k, i)]
+        if self.applies is not None:
+            summed = self._group(k, i, summed)
+            if summed is None:
+                return  # held for the group's last update
         rate = None if self.rates is None else self.rates[str(i - self.base)]
         for r in range(setup.replicas):
             runner = setup.grid[r][k]
@@ -357,6 +346,31 @@ class WindowEmitter:
                     passes.apply_fn(summed[r], row, runner.skip_non_finite)
             if self.probes is not None and r == 0:
                 self.probes.after_update(k, runner, i)
+
+    def _group(self, k, i, summed):
+        """Mode 2bw (SPECTRAIN.md 6e): adds mini-batch i's gradient to its group's (the
+        group of `accumulate` mini-batches from `i - i % accumulate`, carried between
+        windows); the group's mean where U(i) applies, else None (held)."""
+        setup = self.setup
+        first = i - i % setup.accumulate
+        grouped = []
+        for r in range(setup.replicas):
+            held = self.live.pop(("held", k, first, r), None)
+            with tf.device(setup.grid[r][k].device):
+                grouped.append(summed[r] if held is None else
+                               [add_gradients(a, g) for a, g in zip(held, summed[r])])
+        if i not in self.applies:
+            for r, grads in enumerate(grouped):
+                self.live[("held", k, first, r)] = grads
+            return None
+        count = i - first + 1
+        if count == 1:
+            return grouped
+        out = []
+        for r, grads in enumerate(grouped):
+            with tf.device(setup.grid[r][k].device):
+                out.append([divided_gradient(g, count) for g in grads])
+        return out
 
     def _report(self, i):
         """The loss of mini-batch i (layer losses included) and its metrics update."""

@@ -52,6 +52,18 @@ class ProbePlan:
                 tuple((n, t - base, kind, i - base) for n, t, kind, i in self.targets))
 
 
+def probe_sample_name(pass_key, base):
+    """The input name of the sampled flag of a probed pass `(runner index, kind, i)`."""
+    n, kind, i = pass_key
+    return f"{n}/{kind}/{i - base}"
+
+
+def pass_of(name, base):
+    """The pass `probe_sample_name` named."""
+    n, kind, i = name.split("/")
+    return int(n), kind, int(i) + base
+
+
 def _empty_like(tensors):
     return [tf.zeros([0] * t.shape.rank, t.dtype) for t in tensors]
 
@@ -61,8 +73,8 @@ class ProbeEmitter:
 
     Args:
         plan: the window's `ProbePlan`.
-        samples: `{i: boolean scalar tensor}`, whether mini-batch i is sampled, for the
-            mini-batches of `plan.passes`.
+        samples: `{(runner index, kind, i): boolean scalar tensor}`, whether each pass of
+            `plan.passes` is sampled.
         live: the emitter's dict of values carried between windows (probes keep theirs
             under `("probe", k, i, 0 | 1)`).
     """
@@ -85,7 +97,7 @@ class ProbeEmitter:
             return
         steps, _ = planned
         passes = runner.passes
-        sampled = self.samples[i]
+        sampled = self.samples[(index, kind, i)]
         like = passes.tf_trainable
         with tf.device(runner.device):
             if not like:
@@ -134,20 +146,38 @@ class WindowProbes:
         self.runners = setup.grid[0]  # probes measure replica 0's stages
         self.windows = windows
         self._pending = {}  # (runner index, kind, i) -> the result being made
+        self._applies = None  # the window's `applies` (see `plan`)
 
     @property
     def active(self):
         """Whether any stage has a probe attached."""
         return any(r.probe is not None for r in self.runners)
 
-    def plan(self, window):
-        """The window's `ProbePlan` and samples `{i: bool}` (None, {} without probes)."""
+    def plan(self, window, applies):
+        """The window's `ProbePlan` and samples `{(runner index, kind, i): bool}` (None, {}
+        without probes); `applies(i)` says whether U(i) applies (mode 2bw holds the others:
+        a version is an applied update).
+
+        A pass is sampled as the stage threads sample it (`WeightProbe.sampled`), and left
+        out while its stage has `max_pending` measurements waiting for their targets
+        (counted in program order, which is each stage's own order). A sampled pass whose
+        target lies past the epoch keeps its place until the epoch's end (pass by pass it
+        waits into the next epoch, which windows do not follow).
+        """
         if not self.active:
             return None, {}
+        self._applies = applies
         passes, samples = [], {}
+        waiting = {}  # runner index -> targets of its sampled measurements still waiting
+        for (n, _, _), record in self._pending.items():
+            waiting.setdefault(n, []).append(record["t"])
         for k, op in window.program:
             probe = self.runners[k].probe
-            if probe is None or op.micro != 0 or op.kind == UPDATE:
+            if probe is None or op.micro != 0:
+                continue
+            if op.kind == UPDATE:
+                if applies(op.batch):
+                    waiting[k] = [t for t in waiting.get(k, []) if t != op.batch]
                 continue
             h_f, h_b = probe.horizons
             plan = self.runners[k].plan
@@ -159,12 +189,17 @@ class WindowProbes:
                 horizon, steps = h_b, plan.backward_steps
             if horizon <= 0:
                 continue
-            t = self.windows.update_after(k, op, horizon)
+            t = self.windows.update_after(k, op, horizon, applies)
+            sampled = (probe.sampled((op.batch, 0))
+                       and len(waiting.get(k, [])) < probe.max_pending)
+            if sampled:
+                waiting.setdefault(k, []).append(t)
             if t is None:
                 continue
             passes.append((k, op.kind, op.batch, steps, t))
-            samples[op.batch] = probe.sampled((op.batch, 0))
-        updates = {(k, op.batch) for k, op in window.program if op.kind == UPDATE}
+            samples[(k, op.kind, op.batch)] = sampled
+        updates = {(k, op.batch) for k, op in window.program
+                   if op.kind == UPDATE and applies(op.batch)}
         earlier = [(n, record["t"], kind, i) for (n, kind, i), record in self._pending.items()
                    if (n, record["t"]) in updates]
         here = [(k, t, kind, i) for k, kind, i, _, t in passes if (k, t) in updates]
@@ -180,11 +215,11 @@ class WindowProbes:
         counts = [0] * len(self.runners)
         for k, op in window.program:
             if op.kind == UPDATE:
-                counts[k] += 1
+                counts[k] += int(self._applies(op.batch))
             else:
                 position[(k, op.kind, op.batch, op.micro)] = counts[k]
         for k, kind, i, _, t in plan.passes:
-            if not samples[i]:
+            if not samples[(k, kind, i)]:
                 continue
             probe = self.runners[k].probe
             version = done[k] + position[(k, kind, i, 0)]

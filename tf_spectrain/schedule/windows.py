@@ -206,14 +206,15 @@ class EpochWindows:
         self._reported = stop
         return Window(program, first, stop, fed)
 
-    def update_after(self, k, op, count):
+    def update_after(self, k, op, count, applies=None):
         """The mini-batch of stage k's `count`-th update after its `op` in the epoch's list
         (the update that brings the stage `count` versions past the pass), or None when the
-        epoch ends first."""
+        epoch ends first. With `applies` (a function of a mini-batch), only the updates it
+        says apply count (mode 2bw's, `modes.applies_update`)."""
         ops = self._lists[k]
         seen = 0
         for later in ops[ops.index(op) + 1:]:
-            if later.kind == UPDATE:
+            if later.kind == UPDATE and (applies is None or applies(later.batch)):
                 seen += 1
                 if seen == count:
                     return later.batch
