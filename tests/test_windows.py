@@ -225,7 +225,8 @@ def test_a_stop_asked_before_the_epoch_feeds_exactly_one_mini_batch():
     assert all(r.updates == 1 for r in pipe.runners)
 
 
-def test_each_window_shape_is_traced_once(monkeypatch):
+@pytest.mark.parametrize("probes", [False, True])
+def test_each_window_shape_is_traced_once(monkeypatch, tmp_path, probes):
     traced = []
     emit = window_graph.WindowEmitter.emit
 
@@ -233,14 +234,17 @@ def test_each_window_shape_is_traced_once(monkeypatch):
         traced.append((self.window.first, self.window.stop))
         return emit(self)
 
+    def callbacks():  # which passes the probes sample changes no window's graph
+        return [tf_spectrain.callbacks.Telemetry(tmp_path, prediction_every=3)] if probes else []
+
     monkeypatch.setattr(window_graph.WindowEmitter, "emit", counting)
     x, y = data(num_batches=16, last=3)
-    pipe = fit(2, mode="spectrain", epochs=3, x=(x, y))[0]
+    pipe = fit(2, mode="spectrain", epochs=3, x=(x, y), callbacks=callbacks())[0]
     # 8 windows an epoch: the first (pipeline filling), the steady ones (one shape), the
     # last two (the smaller mini-batch, the drain) and their shapes again in later epochs.
     first_fit = len(traced)
     assert first_fit <= 5, traced
-    pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    pipe.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=callbacks())
     assert len(traced) == first_fit  # a second fit traces nothing
 
 

@@ -217,8 +217,8 @@ def _add_logging(add):
         type=_auto_or_int,
         help="mini-batches per graph call (Keras' compile argument): pipelines run every "
         "stage's passes of that many in one TensorFlow graph, with per-step logs and "
-        "callbacks once per call; 'auto' is 8, or 1 while measuring prediction errors "
-        "(--prediction-every > 0)",
+        "callbacks once per call; 'auto' is 8 where the stages are GPUs, and 1 (pass by "
+        "pass, no graphs to build) on a CPU-only machine, whose passes are long",
     )
     add("graph", action="store_true", help="also write the model graph to TensorBoard")
     add("histograms", action="store_true", help="also write weight histograms every epoch")

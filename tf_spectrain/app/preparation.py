@@ -211,7 +211,7 @@ def prepare(config):
         metrics=["accuracy"],
         batch_size=config.batch_size,
         precision=config.precision,
-        steps_per_execution=config.steps_per_execution,
+        steps_per_execution=graph_calls(config.steps_per_execution, device_names),
         memory_limit=config.memory_limit,
         accumulate=config.accumulate,
     )
@@ -286,3 +286,19 @@ def _resume_note(run):
         f"; resuming {run.resumed_from} at epoch {run.start_epoch}, mini-batch "
         f"{run.start_batch} of {run.steps_per_epoch}"
     )
+
+
+def graph_calls(setting, device_names):
+    """`--steps-per-execution` for the trainer: "auto" runs windows (`compile`'s "auto")
+    where a stage is an accelerator, and pass by pass (1) on a CPU-only machine.
+
+    On an accelerator a pass computes for about a millisecond, and the runtime's cost per
+    pass outside windows (milliseconds, RESULTS.md section 14) decides the speed. On a CPU a
+    VGG16 stage's pass computes for tens of milliseconds: the main command's steady state is
+    the same both ways (456 ms per mini-batch in windows, 70 images/s either way) and
+    windows only add the time to build their graphs (RESULTS.md section 17).
+    """
+    accelerators = any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
+                       for d in device_names)
+    return setting if setting != "auto" or accelerators else 1
+

@@ -64,6 +64,11 @@ def pass_of(name, base):
     return int(n), kind, int(i) + base
 
 
+def _any_shape(tensors):
+    """`tensors` with their static shapes forgotten (ranks kept)."""
+    return [tf.compat.v1.placeholder_with_default(t, [None] * t.shape.rank) for t in tensors]
+
+
 def _empty_like(tensors):
     return [tf.zeros([0] * t.shape.rank, t.dtype) for t in tensors]
 
@@ -121,6 +126,8 @@ class ProbeEmitter:
             sampled, (used, stale) = self.live.pop(("probe", runner.k, i, int(kind == BACKWARD)))
             with tf.device(runner.device):
                 def measure(used=used, stale=stale):
+                    # An unsampled pass carries empty tensors: no static shape to check.
+                    used, stale = _any_shape(used), _any_shape(stale)
                     now = passes.weights(0)
                     return tf.cast(tf.stack([distance(used, now), distance(stale or used, now)]),
                                    tf.float64)
@@ -145,7 +152,8 @@ class WindowProbes:
     def __init__(self, setup, windows):
         self.runners = setup.grid[0]  # probes measure replica 0's stages
         self.windows = windows
-        self._pending = {}  # (runner index, kind, i) -> the result being made
+        self._pending = {}  # (runner index, kind, i) -> the result being made (sampled)
+        self._carried = {}  # (runner index, kind, i) -> t, of every probed pass in flight
         self._applies = None  # the window's `applies` (see `plan`)
 
     @property
@@ -200,9 +208,15 @@ class WindowProbes:
             samples[(k, op.kind, op.batch)] = sampled
         updates = {(k, op.batch) for k, op in window.program
                    if op.kind == UPDATE and applies(op.batch)}
-        earlier = [(n, record["t"], kind, i) for (n, kind, i), record in self._pending.items()
-                   if (n, record["t"]) in updates]
+        # Every probed pass, sampled or not (an unsampled one carries empty tensors): the
+        # plan, and so the window's graph, does not depend on which passes are sampled.
+        earlier = [(n, t, kind, i) for (n, kind, i), t in self._carried.items()
+                   if (n, t) in updates]
         here = [(k, t, kind, i) for k, kind, i, _, t in passes if (k, t) in updates]
+        for n, _, kind, i in earlier:
+            del self._carried[(n, kind, i)]
+        self._carried.update({(k, kind, i): t for k, kind, i, _, t in passes
+                              if (k, t) not in updates})
         return ProbePlan(tuple(passes), tuple(earlier + here)), samples
 
     def record(self, window, plan, samples, results, notes, shift):
