@@ -36,16 +36,16 @@ def test_relength_resnet_and_main_tables():
                                     "fits": [{"cores": 1.0}]}],
                    "stash": [{"build_first": 25.0, "build_new_length": 4.0,
                               "fits": [{"cores": 1.2}]}]},
-        "main": {"train-default": [{"test_accuracy": 0.95, "images_per_second": 20.0,
-                                    "wall_time": 60.0, "process": {"wall": 70.0}}],
-                 "train-pass-by-pass": [{"test_accuracy": 0.94, "images_per_second": 9.0,
-                                         "wall_time": 150.0, "process": {"wall": 160.0}}]},
+        "main": {"train-default": [{"test_accuracy": 0.94, "images_per_second": 9.0,
+                                    "wall_time": 150.0, "process": {"wall": 160.0}}],
+                 "train-windows": [{"test_accuracy": 0.95, "images_per_second": 20.0,
+                                    "wall_time": 60.0, "process": {"wall": 70.0}}]},
     }
     text = user_clock.tables(results)
     assert cells(text, "A fit of a new number")["stash"][3] == "2.50"
     resnet = cells(text, "ResNet-50 graph building")["stash"]
     assert resnet[1:3] == ["25.0", "4.0"] and resnet[4] == "2.50"
-    assert cells(text, "train.py")["train-default"][5] == "2.50"
+    assert cells(text, "train.py")["train-windows"][5] == "2.50"
 
 
 def test_quick_uses_the_small_model_and_one_round():
