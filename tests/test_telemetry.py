@@ -227,8 +227,6 @@ def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
     ("spectrain", "paper", {}),
     ("spectrain", "consistent", {"micro_batches": 2}),
     ("stash", "paper", {"recompute": "always"}),
-    ("vanilla", "paper", {}),
-    ("nesterov", "paper", {}),
     ("2bw", "paper", {"accumulate": 4}),  # versions are applied updates: 3 an epoch
 ])
 def test_windows_measure_what_the_stage_threads_measure(mode, target, options, tmp_path):

@@ -326,7 +326,7 @@ class WindowEmitter:
         summed = self._reduced(k, i)
         del self.live[("sum", k, i)]
         if self.applies is not None:
-            summed = self._group(k, i, summed)
+            summed = group_gradient(setup, self.live, self.applies, k, i, summed)
             if summed is None:
                 return  # held for the group's last update
         rate = None if self.rates is None else self.rates[str(i - self.base)]
@@ -347,31 +347,6 @@ class WindowEmitter:
             if self.probes is not None and r == 0:
                 self.probes.after_update(k, runner, i)
 
-    def _group(self, k, i, summed):
-        """Mode 2bw (SPECTRAIN.md 6e): adds mini-batch i's gradient to its group's (the
-        group of `accumulate` mini-batches from `i - i % accumulate`, carried between
-        windows); the group's mean where U(i) applies, else None (held)."""
-        setup = self.setup
-        first = i - i % setup.accumulate
-        grouped = []
-        for r in range(setup.replicas):
-            held = self.live.pop(("held", k, first, r), None)
-            with tf.device(setup.grid[r][k].device):
-                grouped.append(summed[r] if held is None else
-                               [add_gradients(a, g) for a, g in zip(held, summed[r])])
-        if i not in self.applies:
-            for r, grads in enumerate(grouped):
-                self.live[("held", k, first, r)] = grads
-            return None
-        count = i - first + 1
-        if count == 1:
-            return grouped
-        out = []
-        for r, grads in enumerate(grouped):
-            with tf.device(setup.grid[r][k].device):
-                out.append([divided_gradient(g, count) for g in grads])
-        return out
-
     def _report(self, i):
         """The loss of mini-batch i (layer losses included) and its metrics update."""
         setup = self.setup
@@ -385,3 +360,30 @@ class WindowEmitter:
         self.losses.append(loss)
         pairs = [(p["labels"], p["logits"]) for p in parts]
         setup.report_fn(loss, self.labels[i][1], pairs)
+
+
+def group_gradient(setup, live, applies, k, i, summed):
+    """Mode 2bw (SPECTRAIN.md 6e): adds mini-batch i's gradient (per replica, `summed`) to
+    its group's in `live` (the group of `accumulate` mini-batches from `i - i % accumulate`,
+    carried between windows); returns the group's mean where U(i) applies (i in
+    `applies`), else None (held)."""
+    first = i - i % setup.accumulate
+    grouped = []
+    for r in range(setup.replicas):
+        held = live.pop(("held", k, first, r), None)
+        with tf.device(setup.grid[r][k].device):
+            grouped.append(summed[r] if held is None else
+                           [add_gradients(a, g) for a, g in zip(held, summed[r])])
+    if i not in applies:
+        for r, grads in enumerate(grouped):
+            live[("held", k, first, r)] = grads
+        return None
+    count = i - first + 1
+    if count == 1:
+        return grouped
+    out = []
+    for r, grads in enumerate(grouped):
+        with tf.device(setup.grid[r][k].device):
+            out.append([divided_gradient(g, count) for g in grads])
+    return out
+
