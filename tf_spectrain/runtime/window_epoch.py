@@ -63,7 +63,7 @@ class WindowedEpoch:
         self._passes = 0  # passes reported so far (orders `runner.events`)
         self.watch = WindowWatch(self.setup, stall_timeout, label)
         self.timed = timed
-        self.probes = WindowProbes(self.setup, windows)
+        self.probes = WindowProbes(self.setup, windows, self.applies)
 
     @property
     def fed(self):
@@ -127,7 +127,7 @@ class WindowedEpoch:
         if with_rates:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
         keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
-        plan, samples = self.probes.plan(window, self.applies)
+        plan, samples = self.probes.plan(window)
         applies = None
         if self.setup.accumulate > 1:  # mode 2bw: which updates apply their group's gradient
             applies = {op.batch for k, op in window.program

@@ -147,24 +147,25 @@ class WindowProbes:
     Args:
         setup: the `runtime.window_functions.WindowSetup`.
         windows: the epoch's `schedule.windows.EpochWindows`.
+        applies: `applies(i)`, whether U(i) applies (mode 2bw holds the others: a version
+            is an applied update).
     """
 
-    def __init__(self, setup, windows):
+    def __init__(self, setup, windows, applies):
         self.runners = setup.grid[0]  # probes measure replica 0's stages
         self.windows = windows
+        self.applies = applies
         self._pending = {}  # (runner index, kind, i) -> the result being made (sampled)
         self._carried = {}  # (runner index, kind, i) -> t, of every probed pass in flight
-        self._applies = None  # the window's `applies` (see `plan`)
 
     @property
     def active(self):
         """Whether any stage has a probe attached."""
         return any(r.probe is not None for r in self.runners)
 
-    def plan(self, window, applies):
+    def plan(self, window):
         """The window's `ProbePlan` and samples `{(runner index, kind, i): bool}` (None, {}
-        without probes); `applies(i)` says whether U(i) applies (mode 2bw holds the others:
-        a version is an applied update).
+        without probes).
 
         A pass is sampled as the stage threads sample it (`WeightProbe.sampled`), and left
         out while its stage has `max_pending` measurements waiting for their targets
@@ -174,7 +175,7 @@ class WindowProbes:
         """
         if not self.active:
             return None, {}
-        self._applies = applies
+        applies = self.applies
         passes, samples = [], {}
         waiting = {}  # runner index -> targets of its sampled measurements still waiting
         for (n, _, _), record in self._pending.items():
@@ -229,7 +230,7 @@ class WindowProbes:
         counts = [0] * len(self.runners)
         for k, op in window.program:
             if op.kind == UPDATE:
-                counts[k] += int(self._applies(op.batch))
+                counts[k] += int(self.applies(op.batch))
             else:
                 position[(k, op.kind, op.batch, op.micro)] = counts[k]
         for k, kind, i, _, t in plan.passes:
