@@ -20,6 +20,8 @@ import threading
 import time
 import warnings
 
+from runtimes import EAGER, compile_quietly
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -48,10 +50,10 @@ def serialise(runner_cls):
         setattr(runner_cls, name, locked)
 
 
-def measure(tf_spectrain, keras, np, devices, mode, steps, b, steps_per_execution=1):
+def measure(tf_spectrain, keras, np, devices, mode, steps, b, steps_per_execution=EAGER):
     """CPU/wall of a timed `fit` of a fresh pipeline in `mode` (after a tracing `fit`).
 
-    Pass by pass (`steps_per_execution=1`, the stage threads), or in windows of that many
+    Pass by pass (`EAGER`: `run_eagerly=True`, the stage threads), or in windows of that many
     mini-batches (one graph per window); windows trace one graph per window shape, so
     their tracing `fit` is as long as the timed one.
     """
@@ -59,13 +61,13 @@ def measure(tf_spectrain, keras, np, devices, mode, steps, b, steps_per_executio
     pipe = tf_spectrain.PipelineModel(
         conv_model(keras), cuts=["block1_pool"], devices=devices, mode=mode
     )
-    pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution)
+    compile_quietly(pipe, tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(b * steps, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, len(x))
-    warm = 3 * b if steps_per_execution == 1 else len(x)
+    warm = 3 * b if steps_per_execution == EAGER else len(x)
     pipe.fit(x[:warm], y[:warm], batch_size=b, epochs=1, verbose=0, shuffle=False)  # tracing
     cpu, wall = time.process_time(), time.perf_counter()
     pipe.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)

@@ -33,6 +33,8 @@ import signal
 import threading
 import time
 
+from runtimes import EAGER, compile_quietly
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -93,7 +95,7 @@ def busy_run(tf_spectrain, keras, tf, devices, seconds, deadline, interval, np):
     try:
         # Pass by pass, so that stage 3's forwards have their own times.
         pipe, _ = train(tf_spectrain, keras, model, devices, "sync", x, y, epochs=1,
-                        steps_per_execution=1)
+                        steps_per_execution=EAGER)
         error = None
     except Exception as failure:  # reported to the test, which checks it
         pipe, error = None, f"{type(failure).__name__}: {failure}"
@@ -152,9 +154,9 @@ def train(tf_spectrain, keras, model, devices, mode, x, y, epochs=2, callbacks=N
           replicas=1, cuts=("d0", "d1", "d2"), steps_per_execution="auto", sample_weight=None):
     pipe = tf_spectrain.PipelineModel(model, cuts=list(cuts), devices=devices, mode=mode,
                                       replicas=replicas)
-    pipe.compile(tf_spectrain.SpecTrainSGD(0.1, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution)
+    compile_quietly(pipe, tf_spectrain.SpecTrainSGD(0.1, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution)
     history = pipe.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
                        callbacks=callbacks, sample_weight=sample_weight)
     return pipe, history.history["loss"]

@@ -118,10 +118,10 @@ def _wait_for_checkpoint(directory, process, after=None, timeout=120):
 
 # 100 mini-batches per epoch (several seconds): long enough to be interrupted in the middle
 # of an epoch, 0.5 s (a signal) or 1 s (SIGKILL) after the checkpoint of the epoch before.
-# Pass by pass (--steps-per-execution 1), so that an epoch lasts long enough to be
-# interrupted in the middle (windows of 8 run these 100 mini-batches in a fraction of a second).
+# Pass by pass (--run-eagerly), so that an epoch lasts long enough to be interrupted in the
+# middle (windows run these 100 mini-batches in a fraction of a second).
 LONG = ["--model", "mlp", "--gpus", "3", "--limit", "400", "--batch-size", "4",
-        "--epochs", "3", "--prediction-every", "0", "--steps-per-execution", "1"]
+        "--epochs", "3", "--prediction-every", "0", "--run-eagerly"]
 
 
 STOPPED = (r"Stopped by (\w+) at epoch (\d+), after (\d+) of its (\d+) mini-batches. "

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from runtimes import EAGER, compile_quietly
 
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.prediction import SpecTrainSGD
@@ -26,10 +27,10 @@ def wide_mlp(width=512, depth=4, inputs=256, classes=10, name="wide"):
 
 def compiled_pipe(model, cuts, mode="stash"):
     pipe = PipelineModel(model, cuts=cuts, mode=mode)
-    # The stage threads of runtime.executor run pass by pass: steps_per_execution=1.
-    pipe.compile(SpecTrainSGD(0.01, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=1)
+    # The stage threads of runtime.executor run pass by pass: run_eagerly=True.
+    compile_quietly(pipe, SpecTrainSGD(0.01, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=EAGER)
     return pipe
 
 

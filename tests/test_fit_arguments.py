@@ -8,11 +8,14 @@ the asynchronous modes are checked against the same pipeline trained on labels t
 the weights into a hand-weighted loss, an independent route to the same weighted loss.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.runtime import executor, window_epoch
 
 DEVICES = ["/CPU:0", "/CPU:1"]
 N, BATCH, FEATURES, CLASSES = 48, 8, 6, 3
@@ -328,15 +331,31 @@ def test_asynchronous_modes_weight_the_loss_as_a_hand_weighted_loss_does(data, m
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
-def test_run_eagerly_is_accepted_with_a_warning_and_trains_as_keras(data):
+@pytest.mark.parametrize("run_eagerly", [True, False])
+def test_run_eagerly_runs_pass_by_pass_with_a_warning_and_trains_as_keras(
+        data, monkeypatch, run_eagerly):
+    from tf_spectrain.runtime import loop
+
+    runs = []
+    monkeypatch.setattr(loop, "EpochRun", lambda *a, **k: runs.append("pass by pass") or
+                        executor.EpochRun(*a, **k))
+    monkeypatch.setattr(loop, "WindowedEpoch", lambda *a, **k: runs.append("windows") or
+                        window_epoch.WindowedEpoch(*a, **k))
     x, y, _ = data
     keras_model = mlp()
-    keras_model.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
+    keras_model.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=run_eagerly,
+                        **COMPILE)
     pipe = PipelineModel(mlp(), cuts=["d0"], devices=DEVICES, mode="sync")
-    with pytest.warns(UserWarning, match="run_eagerly=True.*no effect"):
-        pipe.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True, **COMPILE)
-    args = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipe.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=run_eagerly,
+                     steps_per_execution=1, **COMPILE)
+    said = [str(w.message) for w in caught if "run_eagerly" in str(w.message)]
+    assert len(said) == run_eagerly and all("pass by pass" in m for m in said), said
+    args = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     assert_same_history(pipe.fit(x, y, **args), keras_model.fit(x, y, **args))
+    assert runs == ["pass by pass" if run_eagerly else "windows"] * 2
+    assert pipe.model.run_eagerly is run_eagerly  # the wrapped model compiled as Keras would
 
 
 @pytest.mark.parametrize("steps_per_execution", [1, 4])

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import spectrain_reference as ref
+from runtimes import EAGER, compile_quietly
 from test_faults import StopAt
 from test_pipeline_modes import (
     BATCH,
@@ -133,7 +134,7 @@ def test_probe_horizons_of_the_new_modes(mode, num_stages, expected):
 def test_2bw_matches_the_reference(problem, num_stages, accumulate, micro_batches, options):
     want, losses = reference(problem, num_stages, "2bw",
                              accumulate=accumulate or num_stages, micro_batches=micro_batches)
-    options = dict({"steps_per_execution": 1}, **options)
+    options = dict({"steps_per_execution": EAGER}, **options)
     got, history = train_pipeline(*problem, num_stages, "2bw", "paper",
                                   micro_batches=micro_batches, accumulate=accumulate, **options)
     assert max_diff(got, want) < ATOL
@@ -142,7 +143,7 @@ def test_2bw_matches_the_reference(problem, num_stages, accumulate, micro_batche
     assert max_diff(want, stash) > 100 * ATOL
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 2])
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 2])
 def test_2bw_with_replicas_matches_the_reference(problem, steps_per_execution):
     # Each replica's gradient is summed over the replicas at every mini-batch's update; the
     # group's sum is held once, so the copies apply the same mean.
@@ -154,7 +155,7 @@ def test_2bw_with_replicas_matches_the_reference(problem, steps_per_execution):
 
 
 @pytest.mark.parametrize("steps_per_execution, accumulate, stop_after, applied", [
-    (1, 4, 0, 1),  # stopped after mini-batch 0: 3 fed, one group of them cut short
+    (EAGER, 4, 0, 1),  # stopped after mini-batch 0: 3 fed, one group of them cut short
     (2, 4, 1, 1),  # after the first window (mini-batches 0-1): 3 fed, held across windows
 ])
 def test_2bw_stopped_mid_group_applies_what_it_held(problem, steps_per_execution, accumulate,
@@ -165,9 +166,9 @@ def test_2bw_stopped_mid_group_applies_what_it_held(problem, steps_per_execution
     model = keras_mlp(params)
     pipe = PipelineModel(model, cuts=cuts_for(STAGE_SIZES[3]), mode="2bw",
                          accumulate=accumulate)
-    pipe.compile(prediction.SpecTrainSGD(LR, momentum=MOMENTUM),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution)
+    compile_quietly(pipe, prediction.SpecTrainSGD(LR, momentum=MOMENTUM),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution)
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
     pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
@@ -198,9 +199,9 @@ def test_2bw_keeps_one_older_weight_copy_where_stash_keeps_one_per_delay(num_sta
         pipe = PipelineModel(keras.Model(inputs, h), mode=mode, recompute="always",
                              cuts=[f"dense{n}" for n in range(num_stages - 1)],
                              devices=devices)
-        pipe.compile(keras.optimizers.SGD(0.01, momentum=0.9),
-                     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                     steps_per_execution=1)
+        compile_quietly(pipe, keras.optimizers.SGD(0.01, momentum=0.9),
+                        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        steps_per_execution=EAGER)  # the copies each pass keeps
         pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         copies[mode] = [r.memory.estimate().peak_weight_copies for r in pipe.runners]
     assert copies["stash"] == [num_stages - 1 - k for k in range(num_stages)]
@@ -211,7 +212,7 @@ def test_2bw_keeps_one_older_weight_copy_where_stash_keeps_one_per_delay(num_sta
 
 
 @pytest.mark.parametrize("num_stages, steps_per_execution, micro_batches", [
-    (4, 1, 1), (4, 2, 1), (3, "auto", 2), (2, 1, 2)])
+    (4, EAGER, 1), (4, 2, 1), (3, "auto", 2), (2, 1, 2)])
 def test_nesterov_sgd_matches_the_reference(problem, num_stages, steps_per_execution,
                                             micro_batches):
     want, losses = reference(problem, num_stages, "nesterov", micro_batches=micro_batches)
@@ -238,7 +239,7 @@ def test_the_new_modes_compiled_with_xla_match_the_reference(problem, mode,
 @pytest.mark.parametrize("optimizer, num_stages, options", [
     ("adamw", 3, {}),
     ("adamw", 4, {"micro_batches": 2, "recompute": "always"}),
-    ("adam", 2, {"steps_per_execution": 1}),
+    ("adam", 2, {"steps_per_execution": EAGER}),
 ])
 def test_nesterov_adam_family_matches_the_reference(problem, optimizer, num_stages, options):
     # AdamW and Adam become NAdam with PyTorch's schedule (momentum_decay 0.004), each stage

@@ -529,10 +529,10 @@ def test_stage_variables_and_optimizer_slots_live_on_their_device():
 def forward_spy(monkeypatch):
     """Records (stage, key, keeps the tape, in_flight after the forward, keep) of every forward.
 
-    It spies on the pass-by-pass runner, so pipelines run pass by pass (steps_per_execution
-    "auto" means 1 here); test_windows.py checks that windows give the same weights.
+    It spies on the pass-by-pass runner, so pipelines run pass by pass (as with
+    `run_eagerly=True`); test_windows.py checks that windows give the same weights.
     """
-    monkeypatch.setattr(tf_spectrain.runtime.loop, "AUTO_WINDOW", 1)
+    monkeypatch.setattr(tf_spectrain.front.fitting, "window_size", lambda *args: None)
     calls = []
     original = StageRunner.forward
 

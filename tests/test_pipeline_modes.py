@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import spectrain_reference as ref
+from runtimes import EAGER, compile_quietly
 
 import tf_spectrain
 from tf_spectrain.pipeline_model import PipelineModel
@@ -49,9 +50,9 @@ def train_pipeline(params, batches, num_stages, mode, target, micro_batches=1, o
                          spectrain_target=target, micro_batches=micro_batches, **options)
     if optimizer is None:
         optimizer = SpecTrainSGD(learning_rate=LR, momentum=MOMENTUM)
-    pipe.compile(optimizer=optimizer,
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    compile_quietly(pipe, optimizer=optimizer,
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution, jit_compile=jit_compile)
     assert all(r.passes.jit_compile for r in pipe.runners) == (jit_compile is True)
     x = np.concatenate([b[0] for b in batches]).astype("float32")
     y = np.concatenate([b[1] for b in batches])
@@ -76,12 +77,12 @@ def max_diff(a, b):
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 2, "auto"])
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 1, "auto"])
 @pytest.mark.parametrize("num_stages", [2, 3, 4])
 @pytest.mark.parametrize("mode, target", MODES)
 def test_mode_matches_numpy_reference(problem, num_stages, mode, target, steps_per_execution):
-    # 1: pass by pass from the stage threads; 2: windows of 2 mini-batches, forwards
-    # whose backward is in the next window carried across; "auto": one window per epoch.
+    # EAGER: pass by pass from the stage threads; 1: a window per mini-batch, forwards
+    # whose backward is in a later window carried across; "auto": one window per epoch.
     expected, expected_losses = reference(problem, num_stages, mode, target)
     got, history = train_pipeline(*problem, num_stages, mode, target,
                                   steps_per_execution=steps_per_execution)
@@ -96,7 +97,8 @@ def test_mode_matches_numpy_reference(problem, num_stages, mode, target, steps_p
 def test_every_mode_compiled_with_xla_matches_numpy_reference(problem, mode, target,
                                                               steps_per_execution):
     # compile(jit_compile=True): every stage's passes are XLA computations, called from the
-    # window graphs (every mode) or pass by pass from the stage threads.
+    # window graphs (every mode; a window per mini-batch too). As in Keras, run_eagerly=True
+    # turns XLA off.
     expected, _ = reference(problem, 3, mode, target)
     got, _ = train_pipeline(*problem, 3, mode, target, steps_per_execution=steps_per_execution,
                             jit_compile=True)
@@ -126,7 +128,7 @@ def test_sync_micro_batches_equal_full_batch(problem, micro_batches):
     assert max_diff(got, expected) < ATOL
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 2])
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 2])
 @pytest.mark.parametrize("mode, target", MODES[1:])
 def test_micro_batches_in_every_mode_match_the_reference(problem, mode, target,
                                                          steps_per_execution):
@@ -145,7 +147,7 @@ def test_one_f_one_b_flush_gives_the_gpipe_result(problem, micro_batches):
     assert max_diff(got, expected) < ATOL
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 2])
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 2])
 @pytest.mark.parametrize("mode, target", MODES)
 def test_recompute_always_gives_the_reference_result(problem, mode, target,
                                                      steps_per_execution):

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from runtimes import EAGER, compile_quietly
 
 from tf_spectrain import PipelineStalledError
 from tf_spectrain.pipeline_model import PipelineModel
@@ -87,11 +88,11 @@ def data(n=64):
     return rng.normal(size=(n, 5)).astype("float32"), rng.integers(0, 3, n).astype("int32")
 
 
-def pipeline(net, spe=1, mode="sync", timeout=TIMEOUT, cuts=CUTS, **options):
+def pipeline(net, spe=EAGER, mode="sync", timeout=TIMEOUT, cuts=CUTS, **options):
     pipe = PipelineModel(net, cuts=cuts, mode=mode, stall_timeout=timeout, **options)
-    pipe.compile(keras.optimizers.SGD(0.05, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=spe)
+    compile_quietly(pipe, keras.optimizers.SGD(0.05, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=spe)
     return pipe
 
 
@@ -126,7 +127,7 @@ def stalled(call):
 # --- a blocked layer ends fit, predict and evaluate ----------------------------------------
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 @pytest.mark.parametrize("mode", ["sync", "vanilla", "stash", "spectrain"])
 def test_a_stage_stuck_in_a_layer_ends_fit_with_where_each_stage_is(mode, spe):
     name = gate()
@@ -155,7 +156,7 @@ def test_a_stage_stuck_in_a_layer_ends_fit_with_where_each_stage_is(mode, spe):
     assert np.isfinite(history.history["loss"][0])
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 def test_a_stuck_replica_with_micro_batches_ends_fit(spe):
     name = gate(after=5)
     pipe = pipeline(model(name), spe=spe, cuts=["dense0"], replicas=2, micro_batches=2,
@@ -242,7 +243,7 @@ def test_a_dropped_hand_off_ends_fit_and_every_thread(monkeypatch):
     stall.refuse_if_left_behind(pipe.all_runners)  # nothing left behind
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 def test_data_that_never_come_end_fit(spe):
     name = gate()
     x, y = data()
@@ -266,7 +267,7 @@ def test_data_that_never_come_end_fit(spe):
 # --- what must not stop ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 def test_slow_callbacks_do_not_count_as_a_stall(spe):
     class Slow(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -309,7 +310,7 @@ def _keras_twin(net):
     return twin
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 def test_fewer_micro_batches_than_stages_finishes(spe):
     x, y = data()
     pipe = pipeline(model(), spe=spe, timeout=SHAPES_TIMEOUT, micro_batches=2,
@@ -318,7 +319,7 @@ def test_fewer_micro_batches_than_stages_finishes(spe):
     assert len(history.history["loss"]) == 1 and pipe.progress.epoch_progress[1] == 8
 
 
-@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("spe", [EAGER, 4])
 @pytest.mark.parametrize("mode", ["sync", "spectrain"])
 def test_a_last_mini_batch_smaller_than_the_stages_finishes(mode, spe):
     x, y = data(2 * BATCH + 2)  # the last mini-batch: 2 examples, 3 stages

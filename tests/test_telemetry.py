@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from runtimes import EAGER, compile_quietly
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tf_spectrain import schedule
@@ -43,7 +44,8 @@ def data(n=96, seed=1):
 def pipeline(mode="spectrain", target="paper", cuts=("dense0", "dense1", "dense2"),
              steps_per_execution="auto"):
     pipe = PipelineModel(mlp(), cuts=list(cuts), mode=mode, spectrain_target=target)
-    pipe.compile(
+    compile_quietly(
+        pipe,
         SpecTrainSGD(LR, momentum=0.9),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         ["accuracy"],
@@ -92,7 +94,7 @@ def norm(a, b):
 @pytest.fixture(scope="module")
 def paper_run(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("telemetry")
-    pipe = pipeline(steps_per_execution=1)  # the recorder wraps the stage threads' updates
+    pipe = pipeline(steps_per_execution=EAGER)  # the recorder wraps the stage threads' updates
     recorder = WeightRecorder(pipe)
     x, y = data()
     telemetry = Telemetry(logdir, log_every=1, prediction_every=2)
@@ -198,7 +200,7 @@ def test_measured_versions_follow_the_schedule(paper_run):
 
 @pytest.mark.parametrize("mode", ["vanilla", "stash"])
 def test_stale_modes_measure_the_staleness_distance(mode, tmp_path):
-    pipe = pipeline(mode, steps_per_execution=1)
+    pipe = pipeline(mode, steps_per_execution=EAGER)
     recorder = WeightRecorder(pipe)
     x, y = data()
     telemetry = Telemetry(tmp_path, prediction_every=3)
@@ -235,17 +237,17 @@ def test_windows_measure_what_the_stage_threads_measure(mode, target, options, t
     # whose target lies past the epoch's end, which windows leave out.
     x, y = data()
     results = {}
-    for spe in (1, 5):
+    for spe in (EAGER, 5):
         pipe = PipelineModel(mlp(), cuts=["dense0", "dense1", "dense2"], mode=mode,
                              spectrain_target=target, **options)
-        pipe.compile(SpecTrainSGD(LR, momentum=0.9),
-                     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                     steps_per_execution=spe)
+        compile_quietly(pipe, SpecTrainSGD(LR, momentum=0.9),
+                        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        steps_per_execution=spe)
         telemetry = Telemetry(tmp_path / str(spe), prediction_every=3)
         pipe.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[telemetry])
         results[spe] = {(r["epoch"], r["batch"], r["stage"], r["pass"]): r
                         for r in telemetry.predictions}
-    threads, windows = results[1], results[5]
+    threads, windows = results[EAGER], results[5]
     # Pass by pass, a measurement whose target is in the next epoch waits there, and holds
     # one of the stage's `max_pending` places: windows, which leave it out, may measure a
     # pass the threads skipped at the next epoch's start; within an epoch they agree.
@@ -422,9 +424,9 @@ def test_nesterov_and_2bw_measure_their_staleness(mode, accumulate, tmp_path):
     # backward uses its forward's weights, version `floor(max(0, i - s_k) / A)`.
     pipe = PipelineModel(mlp(), cuts=["dense0", "dense1", "dense2"], mode=mode,
                          accumulate=accumulate if mode == "2bw" else None)
-    pipe.compile(keras.optimizers.SGD(LR, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=1)  # `_recording` wraps the stage threads' updates
+    compile_quietly(pipe, keras.optimizers.SGD(LR, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=EAGER)  # `_recording` wraps the stage threads' updates
     history = []
     for runner in pipe.runners:
         history.append([[np.array(v.numpy()) for v in runner.trainable]])

@@ -12,6 +12,7 @@ import re
 import keras
 import numpy as np
 import pytest
+from runtimes import EAGER, compile_quietly
 
 from tf_spectrain import schedule
 from tf_spectrain.callbacks import PipelineTrace, Telemetry
@@ -150,9 +151,9 @@ def data(n=64):
 def fit(callbacks, cuts=("dense0", "dense1", "dense2"), steps_per_execution="auto",
         epochs=1, **options):
     pipe = PipelineModel(mlp(), cuts=list(cuts), **options)
-    pipe.compile(SpecTrainSGD(0.05, momentum=0.9),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=steps_per_execution)
+    compile_quietly(pipe, SpecTrainSGD(0.05, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution)
     x, y = data()
     pipe.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks)
     return pipe
@@ -224,7 +225,7 @@ def test_micro_batches_recompute_and_a_window_of_batches(tmp_path):
     path = tmp_path / "run-{epoch}.json"
     callback = PipelineTrace(path, batches=(2, 4))
     pipe = fit([callback], cuts=("dense1",), mode="sync", micro_batches=2,
-               recompute="always", steps_per_execution=1)
+               recompute="always", steps_per_execution=EAGER)
     trace = json.loads((tmp_path / "run-0.json").read_text())
     check_format(trace, 2, pipe.state.devices)
     names = [e["name"] for e in slices(trace, 1, "pass")]
@@ -240,7 +241,7 @@ def test_windows_time_every_pass_for_the_trace(tmp_path):
     the graph: the same slices as pass by pass, in each stage's order, never overlapping."""
     callback, by_pass = PipelineTrace(tmp_path / "w"), PipelineTrace(tmp_path / "p")
     pipe = fit([callback], steps_per_execution=4, mode="stash")
-    fit([by_pass], steps_per_execution=1, mode="stash")
+    fit([by_pass], steps_per_execution=EAGER, mode="stash")
     trace = callback.last_trace
     check_format(trace, 4, pipe.state.devices)
     for k in range(4):

@@ -3,14 +3,16 @@
 The modes themselves are checked against the NumPy reference at K = 1, 2 and one window per
 epoch in test_pipeline_modes.py. Here: every option that changes what a pass keeps or how an
 update is applied gives, in windows that cut the epoch anywhere (K = 3 over 7 mini-batches,
-the last one smaller), the weights and losses of the pass-by-pass run (K = 1, whose stage
-threads test_pipeline_model.py checks pass by pass); callbacks run once per window, as Keras
-runs them with `steps_per_execution`; stopping, learning rates set by callbacks, tracing.
+the last one smaller), the weights and losses of the pass-by-pass run (`run_eagerly=True`,
+whose stage threads test_pipeline_model.py checks pass by pass); callbacks run once per
+window, as Keras runs them with `steps_per_execution`; stopping, learning rates set by
+callbacks, tracing.
 """
 
 import keras
 import numpy as np
 import pytest
+from runtimes import EAGER, compile_quietly
 
 import tf_spectrain
 from tf_spectrain.pipeline_model import PipelineModel
@@ -53,9 +55,9 @@ def fit(steps_per_execution, mode="stash", stages=3, epochs=2, optimizer=None, c
     """Trains a fresh `model()` as a pipeline; returns (pipeline, weights, history)."""
     pipe = PipelineModel(model(policy=policy, regularize=regularize), cuts=CUTS[stages],
                          mode=mode, **options)
-    pipe.compile(optimizer or SpecTrainSGD(LR, momentum=MOMENTUM),
-                 keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"],
-                 steps_per_execution=steps_per_execution, **(compile_options or {}))
+    compile_quietly(pipe, optimizer or SpecTrainSGD(LR, momentum=MOMENTUM),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"],
+                    steps_per_execution=steps_per_execution, **(compile_options or {}))
     x, y = data() if x is None else x
     history = pipe.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
                        callbacks=list(callbacks))
@@ -100,7 +102,7 @@ def _optimizer(name):
 def test_windows_give_the_pass_by_pass_weights_and_losses(case):
     options = dict(CASES[case])
     name = options.pop("optimizer", None)
-    got, want = [fit(k, optimizer=_optimizer(name), **options) for k in (3, 1)]
+    got, want = [fit(k, optimizer=_optimizer(name), **options) for k in (3, EAGER)]
     float16 = options.get("policy") == "mixed_float16"
     atol = 1e-3 if float16 else 2e-6
     assert max_diff(got[1], want[1]) < atol
@@ -120,7 +122,7 @@ def test_a_backward_in_a_later_window_recomputes_with_the_forwards_weights_and_m
     # from its inputs, at the stashed weights, with the forward's dropout mask (dropout is
     # on stage 0). The weights must be the pass-by-pass ones; a recompute with another mask
     # (another seed's model) would not give them.
-    got = fit(1, mode="stash", epochs=1)[1]
+    got = fit(EAGER, mode="stash", epochs=1)[1]
     windows = fit(2, mode="stash", epochs=1)[1]
     assert max_diff(windows, got) < 2e-6
     other = PipelineModel(model(seed=5), cuts=CUTS[3], mode="stash")
@@ -175,9 +177,9 @@ def test_a_learning_rate_set_at_a_windows_begin_applies_to_its_mini_batches():
         return LR * (1 + 0.5 * batch)
 
     windows = fit(2, mode="spectrain", callbacks=[Calls(rate)], epochs=1)[1]
-    same = fit(1, mode="spectrain", callbacks=[Calls(lambda b: rate(2 * (b // 2)))],
+    same = fit(EAGER, mode="spectrain", callbacks=[Calls(lambda b: rate(2 * (b // 2)))],
                epochs=1)[1]
-    other = fit(1, mode="spectrain", callbacks=[Calls(rate)], epochs=1)[1]
+    other = fit(EAGER, mode="spectrain", callbacks=[Calls(rate)], epochs=1)[1]
     assert max_diff(windows, same) < 2e-6
     assert max_diff(windows, other) > 1e-4  # the test can tell
 
@@ -204,7 +206,7 @@ def test_stop_training_ends_the_epoch_after_the_fed_mini_batches(mode):
     # Sync windows hold whole mini-batches; in the asynchronous modes stage 0 has fed
     # beyond the window (at most N - 1 = 2 further).
     assert done == 2 if mode == "sync" else 2 < done <= 4
-    shorter = fit(1, mode=mode, epochs=1, x=(x[: done * BATCH], y[: done * BATCH]))[1]
+    shorter = fit(EAGER, mode=mode, epochs=1, x=(x[: done * BATCH], y[: done * BATCH]))[1]
     assert max_diff(got, shorter) < 2e-6
     assert all(r.updates == done for r in pipe.runners)
 

@@ -92,6 +92,7 @@ class RunConfig:
     log_every: int | str = "auto"
     prediction_every: int = 10
     steps_per_execution: int | str = "auto"
+    run_eagerly: bool = False
     graph: bool = False
     histograms: bool = False
     trace: bool = False

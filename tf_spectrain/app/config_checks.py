@@ -19,7 +19,7 @@ from tf_spectrain.workflow import input_checks
 MAX_DEVICES = 64
 MAX_SEED = 2**32  # keras.utils.set_random_seed takes seeds below 2**32
 PATH_FIELDS = ("logdir", "checkpoint_dir", "export", "data_dir")
-SWITCHES = ("download", "graph", "histograms", "trace", "resume", "plan")
+SWITCHES = ("download", "graph", "histograms", "trace", "resume", "plan", "run_eagerly")
 
 
 def flag(field):

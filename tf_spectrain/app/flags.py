@@ -217,8 +217,14 @@ def _add_logging(add):
         type=_auto_or_int,
         help="mini-batches per graph call (Keras' compile argument): pipelines run every "
         "stage's passes of that many in one TensorFlow graph, with per-step logs and "
-        "callbacks once per call; 'auto' is 8 where the stages are GPUs, and 1 (pass by "
-        "pass, no graphs to build) on a CPU-only machine, whose passes are long",
+        "callbacks once per call; 'auto' is 8 where the stages are GPUs, and 1 on a "
+        "CPU-only machine, whose passes are long",
+    )
+    add(
+        "run_eagerly",
+        action="store_true",
+        help="Keras' compile argument: pipelines run pass by pass, each pass its own call "
+        "(slower; an error names its stage, pass and mini-batch)",
     )
     add("graph", action="store_true", help="also write the model graph to TensorBoard")
     add("histograms", action="store_true", help="also write weight histograms every epoch")

@@ -212,6 +212,7 @@ def prepare(config):
         batch_size=config.batch_size,
         precision=config.precision,
         steps_per_execution=graph_calls(config.steps_per_execution, device_names),
+        run_eagerly=config.run_eagerly,
         memory_limit=config.memory_limit,
         accumulate=config.accumulate,
     )

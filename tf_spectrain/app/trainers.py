@@ -15,6 +15,7 @@ Every mode builds its model under the Keras dtype policy `precision` (`PRECISION
 """
 
 import contextlib
+import warnings
 
 import keras
 import tensorflow as tf
@@ -141,6 +142,7 @@ def build_trainer(
     batch_size=32,
     precision="float32",
     steps_per_execution="auto",
+    run_eagerly=False,
     memory_limit=None,
     accumulate=None,
 ):
@@ -173,6 +175,8 @@ def build_trainer(
             `mixed_float16` scales the loss dynamically, as `keras.Model.compile` does.
         steps_per_execution: mini-batches per graph call (`compile`'s argument); "auto"
             is the pipeline's default, and 1 (Keras' default) for `single` and `dp`.
+        run_eagerly: `compile`'s argument: a pipeline runs pass by pass (without its
+            warning: the caller asked for it), `single` and `dp` run Keras' step eagerly.
         memory_limit: pipelines with "auto" cuts: None or the memory each device may use
             (bytes, or a size such as "16GiB"); only cuts whose stages fit are planned.
         accumulate: mode `"2bw"`: mini-batches per update, an int >= the number of stages,
@@ -215,7 +219,8 @@ def build_trainer(
                 model = build_model()
             model.compile(optimizer=make_optimizer(**settings), loss=loss, metrics=metrics,
                           steps_per_execution=(1 if steps_per_execution == "auto"
-                                               else steps_per_execution))
+                                               else steps_per_execution),
+                          run_eagerly=run_eagerly)
         return model
     build_device = model_memory.model_build_device(devices)
     with tf.device(build_device) if build_device else contextlib.nullcontext():
@@ -239,6 +244,10 @@ def build_trainer(
         memory_limit=None if memory_limit is None else parse_memory_size(memory_limit),
         accumulate=accumulate,
     )
-    pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss, metrics=metrics,
-                 steps_per_execution=steps_per_execution)
+    with warnings.catch_warnings():
+        if run_eagerly:  # asked for by name: no warning of what it does
+            warnings.filterwarnings("ignore", message=".*run_eagerly=True")
+        pipe.compile(optimizer=make_optimizer(pipeline=True, **settings), loss=loss,
+                     metrics=metrics, steps_per_execution=steps_per_execution,
+                     run_eagerly=run_eagerly)
     return pipe

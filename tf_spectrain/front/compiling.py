@@ -46,7 +46,8 @@ class Compiling:
     """`compile`, and the runners it builds (`runners`, `all_runners`, `stage_optimizers`).
 
     Reads the pipeline's `model`, `options`, placed stages and devices; sets `loss`,
-    `metrics`, `optimizer`, `steps_per_execution`, `runners` and `replica_runners`.
+    `metrics`, `optimizer`, `steps_per_execution`, `run_eagerly`, `runners` and
+    `replica_runners`.
     """
 
     def compile(self, optimizer, loss, metrics=None, loss_weights=None, auto_scale_loss=True,
@@ -87,15 +88,19 @@ class Compiling:
                 callbacks' per-batch hooks run once per K mini-batches, as Keras runs
                 them, and a learning rate set at a batch's begin applies to the K. The
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
-                1 runs each pass from its stage's thread. `"auto"` (the default): 8,
-                unless a callback of your own has per-batch hooks (then 1). The
-                telemetry's prediction errors are measured inside the windows.
+                1 (Keras' default) is a graph call per mini-batch, whose passes still
+                overlap across the stages. `"auto"` (the default): 8, unless a callback
+                of your own has per-batch hooks (then 1). The telemetry's prediction
+                errors are measured inside the windows.
             weighted_metrics: as in Keras, metrics updated with the sample weights of
                 `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,
                 sample_weight)` batches (`metrics` ignore them); one named as a metric of
                 `metrics` logs as `weighted_<name>`.
-            run_eagerly: accepted for Keras scripts; the stages always run as TensorFlow
-                graph functions (a warning says so when set).
+            run_eagerly: as Keras' debugging switch: True runs pass by pass, each pass
+                its own graph call from its stage's thread with Python between passes
+                (many times slower per mini-batch; a failing op's error names its stage,
+                pass and mini-batch), whatever `steps_per_execution` says. The passes
+                themselves still run as TensorFlow graph functions (a warning says so).
             jit_compile: as in Keras: True compiles every stage's passes (forwards,
                 backwards, updates, inference) with XLA, each pass on its own; `"auto"`
                 (the default) does so where Keras' own `fit` would use XLA (with a GPU,
@@ -137,8 +142,9 @@ class Compiling:
                                                     weighted_metrics)
         self.optimizer = given
         self._compiled_with = (given, loss, metrics, loss_weights, auto_scale_loss,
-                               steps_per_execution, weighted_metrics)
+                               steps_per_execution, weighted_metrics, run_eagerly, jit_compile)
         self.steps_per_execution = steps_per_execution
+        self.run_eagerly = bool(run_eagerly)
         self._train_logs = None  # the TrainLogs of every fit, made at the first
         self._windows = None  # the traced window graphs, for those logs
         for stages in self.replica_stages:  # `trainable` set since, as Keras' compile takes it

@@ -153,7 +153,7 @@ class Fitting:
 
         if self._train_logs is None:
             self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
-        window = window_size(self.steps_per_execution, callbacks)
+        window = window_size(self.steps_per_execution, callbacks, self.run_eagerly)
         self._loop = FitLoop(self, callback_list, self._train_logs, feed.num_batches, on_nan,
                              window)
         try:

@@ -4,7 +4,8 @@ Each epoch builds every stage's instruction list (`PipelineOptions.op_lists`) an
 either pass by pass, with one thread per stage (`runtime.executor.EpochRun`, reporting
 each finished mini-batch to the Keras callbacks from the caller's thread), or in windows
 of K mini-batches, one graph call each (`runtime.window_epoch.WindowedEpoch`, reporting
-each window), as `window_size` and the telemetry's probes decide. The pipeline drains at
+each window), as `window_size` decides: pass by pass only under `compile(run_eagerly=True)`
+and for mode 2bw under a dynamic loss scale. The pipeline drains at
 every epoch end; the trained weights are then copied back into the wrapped model before
 `on_epoch_end`.
 """
@@ -56,20 +57,24 @@ def has_test_batch_hooks(callbacks):
                for c in callbacks or ())
 
 
-def window_size(setting, callbacks):
+def window_size(setting, callbacks, run_eagerly=False):
     """The mini-batches a `fit` runs per graph call.
 
     Args:
         setting: the compiled `steps_per_execution`: an int >= 1, or `"auto"`.
         callbacks: the user's callbacks of this `fit` (a list, or None).
+        run_eagerly: the compiled `run_eagerly`: True runs pass by pass.
 
     Returns:
-        The int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own
-        has per-batch hooks (then 1: each mini-batch its own call, so those hooks see
-        every mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`).
-        A callback that asks for each pass's times (`needs_pass_times = True`, as
+        None with `run_eagerly` (each pass its own call from its stage's thread). Else the
+        int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own has
+        per-batch hooks (then 1: each mini-batch its own call, so those hooks see every
+        mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`). A
+        callback that asks for each pass's times (`needs_pass_times = True`, as
         `callbacks.PipelineTrace` does) gets them from the window graphs (`pass_times`).
     """
+    if run_eagerly:
+        return None
     if setting != AUTO:
         return int(setting)
     if any(_per_batch(c) for c in callbacks or ()):
@@ -146,10 +151,11 @@ class FitLoop:
         logs: the `runtime.bookkeeping.TrainLogs` of this `fit`.
         num_batches: mini-batches per epoch.
         on_nan: `"stop"` or `"skip"`.
-        window: mini-batches per graph call (`window_size`); 1 runs every pass from its
-            stage's thread (`runtime.executor`), more runs windows of that many
+        window: mini-batches per graph call (`window_size`): windows of that many
             (`runtime.window_epoch`, with `pipeline.window_functions`; the telemetry's
-            prediction probes measure inside them, `runtime.window_probes`).
+            prediction probes measure inside them, `runtime.window_probes`); None runs
+            every pass from its stage's thread (`runtime.executor`), as does mode 2bw
+            under a dynamic loss scale.
     """
 
     def __init__(self, pipeline, callbacks, logs, num_batches, on_nan, window=1):
@@ -236,7 +242,7 @@ class FitLoop:
         label = f"epoch {epoch}"
         every = options.updates_every(pipe.num_stages)
         # 2bw under a dynamic loss scale runs pass by pass (its held gradients' scales).
-        if self.window > 1 and (every == 1 or all(r.loss_scale is None
+        if self.window is not None and (every == 1 or all(r.loss_scale is None
                                                   for r in pipe.all_runners)):
             run, hook = self._windowed(epoch, batches, rules, label)
         else:

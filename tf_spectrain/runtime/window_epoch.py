@@ -181,11 +181,11 @@ class WindowedEpoch:
             # A stage's pass function that fails cancels the window's other work, and
             # TensorFlow may report that cancellation first: the pass it names is a victim.
             error.add_note(
-                f"(tf_spectrain: an op failed in a pass of the window of mini-batches "
-                f"{window.first}-{window.stop - 1}{where}, and TensorFlow reported the "
-                "cancellation of the window's other passes instead of that error, which is "
-                "in TensorFlow's log (with TF_CPP_MIN_LOG_LEVEL below 2). "
-                "compile(steps_per_execution=1) runs each pass on its own and raises the "
+                f"(tf_spectrain: an op failed in a pass of {window.span}{where}, and "
+                "TensorFlow reported the cancellation of the window's other passes instead "
+                "of that error, which is in TensorFlow's log (with TF_CPP_MIN_LOG_LEVEL "
+                "below 2). "
+                "compile(run_eagerly=True) runs each pass on its own and raises the "
                 "error itself, naming its stage, pass and mini-batch.)")
             return
         layers = [[layer.name for layer in runner.model.layers] for runner in setup.grid[0]]
@@ -199,9 +199,8 @@ class WindowedEpoch:
             what = f"the {kind} pass of mini-batch {window.first + relative}{where}"
         else:
             what = f"a {kind} pass" if kind else f"a pass (in layer '{layer}')"
-            what += (f", in the window of mini-batches {window.first}-{window.stop - 1}"
-                     f"{where} (steps_per_execution={self.windows.size}; with "
-                     "steps_per_execution=1 this note names the pass and mini-batch)")
+            what += (f", in {window.span}{where} (steps_per_execution={self.windows.size}; "
+                     "with compile(run_eagerly=True) this note names the pass and mini-batch)")
         error.add_note(f"(tf_spectrain: stage {k}{copy} on {device} failed in {what})")
 
     def _feed(self, i):

@@ -58,6 +58,16 @@ class Window:
         """The reported mini-batches, a `range`."""
         return range(self.first, self.stop)
 
+    @property
+    def span(self):
+        """The window in messages: "the window of mini-batches 4-7", "... of mini-batch 5",
+        or, reporting none (the epoch's drain), "the window after mini-batch 7"."""
+        if self.stop - self.first > 1:
+            return f"the window of mini-batches {self.first}-{self.stop - 1}"
+        if self.stop > self.first:
+            return f"the window of mini-batch {self.first}"
+        return f"the window after mini-batch {self.first - 1}"
+
     def shape(self):
         """The program with mini-batch indices counted from `first`: equal for windows that
         run the same ops on other mini-batches (so one traced graph serves them all)."""
@@ -80,7 +90,7 @@ class Window:
         passes = [[op for s, op in self.program if s == stage and op.kind != UPDATE]
                   for stage in range(len(done))]
         mine = passes[k]
-        span = f"the window of mini-batches {self.first}-{self.stop - 1}"
+        span = self.span
         if done[k] >= len(mine):
             return f"its {len(mine)} passes of {span} finished", "the other stages to finish theirs"
         op = mine[done[k]]

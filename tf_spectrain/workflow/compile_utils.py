@@ -194,11 +194,13 @@ def check_clipping(optimizer, mode):
 
 
 def warn_graph_options(run_eagerly):
-    """Warns that `compile`'s `run_eagerly=True` is not honoured."""
+    """Warns what `compile`'s `run_eagerly=True` does and does not do."""
     if run_eagerly not in (False, None):
         warnings.warn(
-            f"`run_eagerly={run_eagerly!r}` is accepted for Keras scripts but has no effect: "
-            "the pipeline's stages always run as TensorFlow graph functions.",
+            f"`run_eagerly={run_eagerly!r}`: the pipeline runs pass by pass, each pass its own "
+            "call from its stage's thread (slower; an error names its stage, pass and "
+            "mini-batch), but each pass still runs as a TensorFlow graph function, so "
+            "Python inside a layer's `call` runs only while it is traced.",
             stacklevel=messages.user_stacklevel())
 
 
