@@ -2,8 +2,8 @@
 
     python -m benchmarks.floor                                   # every mode, N = 1, 2, 4, 8
     python -m benchmarks.floor --stages 4 --modes stash,spectrain-paper --rounds 5
-    python -m benchmarks.floor --model conv --steps-per-execution 1,auto,32
-    python -m benchmarks.floor --profile stash --stages 4 --steps-per-execution 1
+    python -m benchmarks.floor --model conv --steps-per-execution eager,1,auto,32
+    python -m benchmarks.floor --profile stash --stages 4 --steps-per-execution eager
     python -m benchmarks.floor --stages 4 --modes stash --steps-per-execution auto --xla off,on
     python -m benchmarks.floor --out docs/data/issue17/floor-dense.md \\
         --json docs/data/issue17/floor-dense.jsonl
@@ -18,7 +18,8 @@ runs one untimed `fit` of the timed data (tracing every window shape), then the 
 timed in turn, `--rounds` times: `--batches` mini-batches per timed `fit`, this process' CPU
 time / wall time beside each. The table gives the median mini-batches per second (and the
 range over the rounds), and each pipeline's time per mini-batch over Keras' `fit` with the
-same `steps_per_execution` (Keras' default 1 for the pipeline's "auto") in the same round.
+same `steps_per_execution` (Keras' default 1 for the pipeline's "auto" and for "eager",
+`compile(run_eagerly=True)`: pass by pass) in the same round.
 
 `--xla off,on` builds every trainer both without and with `compile(jit_compile=True)` (each
 stage's passes, and Keras' step, compiled with XLA), interleaved.
@@ -31,6 +32,7 @@ import argparse
 import json
 import statistics
 import sys
+import warnings
 
 from benchmarks import common
 
@@ -43,6 +45,7 @@ MODES = {
 }
 LAYERS = 8
 BATCH = 8
+EAGER = "eager"  # a --steps-per-execution value: compile(run_eagerly=True), pass by pass
 # Kinds of work for --profile: the first match (module part, function part) wins.
 KINDS = [
     ("TensorFlow executes graphs (C++)", ("", "TFE_Py_Execute")),
@@ -72,7 +75,9 @@ def parse_args(argv=None):
                    help="hidden layers (a multiple of the largest --stages)")
     p.add_argument("--stages", type=common.csv_of(int), default=[1, 2, 4, 8])
     p.add_argument("--modes", type=common.csv_of(str, MODES), default=list(MODES))
-    p.add_argument("--steps-per-execution", type=common.csv_of(str), default=["1", "auto"])
+    p.add_argument("--steps-per-execution", type=common.csv_of(str), default=["eager", "1", "auto"],
+                   help="the pipelines' values: an int K (a graph call per K mini-batches), "
+                   "'auto', or 'eager' (compile(run_eagerly=True): pass by pass)")
     p.add_argument("--xla", type=common.csv_of(str, ("off", "on")), default=["off"],
                    help="trainers without and/or with compile(jit_compile=True)")
     p.add_argument("--batches", type=common.positive_int, default=300)
@@ -111,6 +116,19 @@ def spe(text):
     return text if text == "auto" else int(text)
 
 
+def compile_options(value):
+    """A pipeline's `compile` arguments for a `--steps-per-execution` value: "eager" is
+    `run_eagerly=True` (pass by pass, each pass its own call), the others are K."""
+    if value == EAGER:
+        return {"run_eagerly": True}
+    return {"steps_per_execution": spe(value)}
+
+
+def keras_value(value):
+    """The Keras `steps_per_execution` a pipeline's value is compared with."""
+    return 1 if value in ("auto", EAGER) else int(value)
+
+
 def make_trainers(args, devices):
     """Every trainer of the run: `{label: (trainer, keras steps_per_execution)}`.
 
@@ -123,7 +141,7 @@ def make_trainers(args, devices):
 
     keras.utils.set_random_seed(0)  # once: seeding clears TensorFlow's kernel caches
     trainers = {}
-    keras_values = sorted({1} | {1 if v == "auto" else int(v) for v in args.steps_per_execution})
+    keras_values = sorted({1} | {keras_value(v) for v in args.steps_per_execution})
     for xla in getattr(args, "xla", ["off"]):
         jit, suffix = xla == "on", ", XLA" if xla == "on" else ""
         for keras_spe in keras_values:
@@ -139,11 +157,12 @@ def make_trainers(args, devices):
                     pipe = tf_spectrain.PipelineModel(
                         build(keras, args.model, args.layers), cuts=cuts(n, args.layers),
                         devices=devices[:n], mode=mode, spectrain_target=target)
-                    pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
-                                 "sparse_categorical_crossentropy",
-                                 steps_per_execution=spe(value), jit_compile=jit)
-                    trainers[f"{name}, N={n}, spe={value}{suffix}"] = (
-                        pipe, 1 if value == "auto" else int(value))
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # run_eagerly's
+                        pipe.compile(tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
+                                     "sparse_categorical_crossentropy", jit_compile=jit,
+                                     **compile_options(value))
+                    trainers[f"{name}, N={n}, spe={value}{suffix}"] = (pipe, keras_value(value))
     return trainers
 
 
@@ -247,7 +266,7 @@ def profile(args):
     trainers = make_trainers(args, devices)
     if args.profile == "keras":
         value = args.steps_per_execution[0]
-        label = f"keras fit, spe={1 if value == 'auto' else int(value)}"
+        label = f"keras fit, spe={keras_value(value)}"
     else:
         label = next(k for k in trainers if not k.startswith("keras"))
     trainer = trainers[label][0]

@@ -95,23 +95,25 @@ def runtime_costs(path):
     """`{runtime: RuntimeCosts}` from floor.py's records.
 
     Each record is one timed fit of a pipeline (label "<mode>, N=<n>, spe=<k>") of a floor
-    model of L hidden layers: per runtime (spe 1: pass by pass; spe > 1: windows), the
-    medians over rounds and asynchronous modes of every (N, L) point are fitted as
-    `a + b N + c L` (least squares): `RuntimeCosts(a, b, layer_seconds=c)`.
+    model of L hidden layers: per runtime (pass by pass: spe "eager", `run_eagerly=True`,
+    or in records older than it, which have no "eager", spe 1; windows: spe "auto" and
+    K > 1), the medians over rounds and asynchronous modes of every (N, L) point are fitted
+    as `a + b N + c L` (least squares): `RuntimeCosts(a, b, layer_seconds=c)`.
     """
     from tf_spectrain.costmodel import RuntimeCosts
 
     with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
+    pipelines = [r for r in records if not r["trainer"].startswith(("keras", "sync"))]
+    values = {r["trainer"].rsplit("spe=", 1)[1] for r in pipelines}
+    by_pass = "eager" if "eager" in values else "1"
     out = {}
-    for runtime, windowed in (("pass by pass", False), ("windows", True)):
+    for runtime, wanted in (("pass by pass", lambda v: v == by_pass),
+                            ("windows", lambda v: v == "auto" or v.isdigit() and int(v) > 1)):
         points = {}
-        for r in records:
+        for r in pipelines:
             label = r["trainer"]
-            if label.startswith("keras") or label.startswith("sync"):
-                continue
-            spe = label.rsplit("spe=", 1)[1]
-            if (spe != "1") != windowed:
+            if not wanted(label.rsplit("spe=", 1)[1]):
                 continue
             n = int(label.split("N=")[1].split(",")[0])
             points.setdefault((n, r.get("layers", 8)), []).append(r["ms_per_batch"] / 1e3)

@@ -22,7 +22,8 @@ gRPC runtime. "local" is one process with the CPU split into 2 logical devices.
   4-byte and the largest tensor) is given too.
 - `train`: the model as a 2-stage `stash` pipeline cut at `benchmarks.overlap.CUTS`
   (`block3_relu2` for VGG16), one stage per device, `--steps-per-execution` mini-batches
-  per graph call (default "auto": windows of 8, one remote call each; 1: a call per pass).
+  per graph call (default "auto": windows of 8, one remote call each; "eager":
+  `run_eagerly=True`, a call per pass).
   As in `benchmarks/overlap.py`: a warm-up fit of `--warmup` mini-batches (with windows,
   also fits as long as the timed ones, tracing every window shape), then a short and a long
   fit, each timed from the call of `fit` to its return, on the same synthetic batches. A
@@ -88,8 +89,8 @@ def parse_args(argv):
     p.add_argument("--long", type=common.positive_int, default=32, help="mini-batches")
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--steps-per-execution", default="auto",
-                   help="train: mini-batches per graph call ('auto' or an int; 1: a call "
-                   "per pass)")
+                   help="train: mini-batches per graph call ('auto' or an int), or 'eager' "
+                   "(run_eagerly=True: a call per pass)")
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 32, short windows, 5 pairs, 1 round")
     p.add_argument("--out", help="also write the tables to this file")
@@ -258,19 +259,20 @@ def train_child(args):
         lambda: tf_spectrain.models.get_model(args.model, (32, 32, 3), 10),
         MODE, devices, learning_rate=0.01, momentum=0.9, cuts=CUTS[args.model],
         batch_size=args.batch_size,
-        steps_per_execution=(args.steps_per_execution if args.steps_per_execution == "auto"
+        steps_per_execution=("auto" if args.steps_per_execution in ("auto", "eager")
                              else int(args.steps_per_execution)),
+        run_eagerly=args.steps_per_execution == "eager",
     )
     b = args.batch_size
     batches = common.window_batches(b, (args.warmup, args.short, args.long))
 
     trainer.fit(batches(args.warmup), epochs=1, verbose=0)
-    if args.steps_per_execution != "1":
+    if args.steps_per_execution != "eager":
         for steps in (args.short, args.long):  # every window shape of the timed fits
             trainer.fit(batches(steps), epochs=1, verbose=0)
     out = {"kind": "train", "where": args.where, "model": args.model, "batch_size": b,
            "mode": MODE, "cuts": trainer.cuts, "devices": devices,
-           "steps_per_execution": args.steps_per_execution,
+           "steps_per_execution": args.steps_per_execution, "run_eagerly_known": True,
            "variables_on": [stage.variables[0].value.device for stage in trainer.stages],
            "connect_seconds": connect_seconds}
     for window in ("short", "long"):

@@ -196,17 +196,18 @@ def predict_loopback(profile, loopback, local=(math.inf, 0.0), batch_size=64,
 def loopback_runtime(train, remote_latency):
     """The runtime's fixed cost of hosts.py's trainer (`costmodel.RuntimeCosts`).
 
-    Windows (`steps_per_execution` "auto" or K > 1; "auto" is 8) pay one remote call per
-    window and remote stage, pass by pass (1) three (forward, backward, update) per
-    mini-batch: each a loopback call of `remote_latency` seconds (the link's fitted
-    latency, which includes the call itself).
+    Windows (`steps_per_execution` "auto" or K; "auto" is 8) pay one remote call per
+    window and remote stage, pass by pass ("eager", `run_eagerly=True`; and 1 in records
+    made before windows of one existed, which lack `run_eagerly_known`) three (forward,
+    backward, update) per mini-batch: each a loopback call of `remote_latency` seconds (the
+    link's fitted latency, which includes the call itself).
     """
     import dataclasses
 
     from tf_spectrain import costmodel
 
     spe = str(train.get("steps_per_execution", "1"))
-    if spe == "1":
+    if spe == "eager" or spe == "1" and not train.get("run_eagerly_known"):
         base, calls = costmodel.PASS_BY_PASS, 3.0
     else:
         base, calls = costmodel.WINDOWS, 1.0 / (8 if spe == "auto" else int(spe))

@@ -48,3 +48,14 @@ def test_the_table_divides_by_keras_in_the_same_round():
 ])
 def test_profile_kinds(module, name, kind):
     assert floor.categorise(module, name) == kind
+
+
+@pytest.mark.parametrize("value, options, keras", [
+    ("eager", {"run_eagerly": True}, 1),
+    ("1", {"steps_per_execution": 1}, 1),
+    ("8", {"steps_per_execution": 8}, 8),
+    ("auto", {"steps_per_execution": "auto"}, 1),
+])
+def test_a_steps_per_execution_value_compiles_and_compares_as_said(value, options, keras):
+    assert floor.compile_options(value) == options
+    assert floor.keras_value(value) == keras

@@ -16,11 +16,15 @@ def test_fit_plane_recovers_a_plane():
     assert h200.fit_plane([(1, 8, 1.0), (2, 8, 1.5)]) == pytest.approx((0.5, 0.5, 0.0))
 
 
-def test_runtime_costs_fit_the_asynchronous_pipelines_of_each_runtime(tmp_path):
+@pytest.mark.parametrize("by_pass, extra", [
+    ("1", ()),  # records from before run_eagerly: spe 1 was pass by pass
+    ("eager", (("1", 9.0, 9.0),)),  # spe 1 is then windows of one, in neither plane
+])
+def test_runtime_costs_fit_the_asynchronous_pipelines_of_each_runtime(tmp_path, by_pass, extra):
     path = tmp_path / "floor.jsonl"
     records = []
     for n in (1, 2, 4):
-        for spe, base, per in (("1", 4.0, 3.0), ("8", 0.5, 0.125)):
+        for spe, base, per in ((by_pass, 4.0, 3.0), ("8", 0.5, 0.125), *extra):
             for mode in ("stash", "spectrain-paper", "sync"):
                 ms = base + per * n + (100.0 if mode == "sync" else 0.0)  # sync left out
                 records.append({"trainer": f"{mode}, N={n}, spe={spe}", "layers": 8,
@@ -40,8 +44,10 @@ def test_machines():
     assert two.num_hosts == 2 and two.inter_host_bandwidth == pytest.approx(25e9 / 8)
 
 
-@pytest.mark.parametrize("spe, per_mini_batch", [("1", 3 * 0.002), ("auto", 0.002 / 8),
-                                                 ("4", 0.002 / 4)])
-def test_loopback_runtime_pays_a_remote_call_per_pass_or_per_window(spe, per_mini_batch):
-    costs = hosts_predict.loopback_runtime({"steps_per_execution": spe}, 0.002)
+@pytest.mark.parametrize("spe, known, per_mini_batch", [
+    ("eager", True, 3 * 0.002), ("1", False, 3 * 0.002),  # a record from before windows of 1
+    ("1", True, 0.002), ("auto", True, 0.002 / 8), ("4", True, 0.002 / 4)])
+def test_loopback_runtime_pays_a_remote_call_per_pass_or_per_window(spe, known, per_mini_batch):
+    record = {"steps_per_execution": spe, "run_eagerly_known": known}
+    costs = hosts_predict.loopback_runtime(record, 0.002)
     assert costs.remote_stage_seconds == pytest.approx(per_mini_batch)

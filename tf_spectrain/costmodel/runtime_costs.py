@@ -18,7 +18,8 @@ mini-batch from below rather than adding to it: `predict_pipeline(..., runtime=.
 
 `PASS_BY_PASS` and `WINDOWS` are the two runtimes as measured on this project's 2-core
 machine (TensorFlow 2.21): stage threads that call a graph function per pass
-(`steps_per_execution=1`), and windows of 8 mini-batches per graph call (the default).
+(`compile(run_eagerly=True)`; `steps_per_execution=1` when they were measured), and
+windows of 8 mini-batches per graph call (the default).
 Their `remote_stage_seconds` is 0: what a remote call costs depends on the link, so a
 caller that places stages on other hosts sets it (`dataclasses.replace`), as
 `benchmarks/hosts_predict.py` does with the loopback link's measured latency per call. A

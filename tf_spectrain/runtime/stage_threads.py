@@ -214,18 +214,25 @@ class StageThreads:
             loss, logits = runner.forward(key, x, self.keep[k](key), labels=y, scale=share)
             if self.remote:
                 loss, logits = to_host((loss, logits))
+            self._penalty_to_host(runner, op.batch)
             lane.losses.setdefault(op.batch, []).append((loss, logits, y))
         else:
             # Every stage weighs its layer losses by the micro-batch's share, so that
             # a mini-batch's M micro-batches add them up once, as the loss is.
             outputs = runner.forward(key, x, self.keep[k](key), scale=share)
+            # Before the hand-on: the mini-batch may be reported (its penalties read) as
+            # soon as the next stages are done with it.
+            self._penalty_to_host(runner, op.batch)
             lane.activations[k].put((outputs, share))
+        return None
+
+    def _penalty_to_host(self, runner, i):
+        """With remote stages, the layer losses the forward of mini-batch i just made, copied
+        to this host: the caller reads them, and a remote read there could hang."""
         if self.remote:
-            # The caller reads the layer losses: a copy here, not a remote read there.
-            penalties = runner.penalties.get(op.batch)
+            penalties = runner.penalties.get(i)
             if penalties:
                 penalties[-1] = to_host(penalties[-1])
-        return None
 
     def _update(self, r, k, i):
         """Mini-batch i's update on stage k of replica r, once the stages it waits for agree."""

@@ -24,7 +24,7 @@ For N = 3, T = 4 asynchronous, K = 2 (`|` ends window 0, which reports mini-batc
     stage 2: .  .  F0 B0 F1 B1 | F2 B2 F3 B3 .  .
 
 A stop (`stop`) keeps the mini-batches already fed (those whose first forward on stage 0
-ran) and cuts the rest of their ops as one last window: the schedule of a shorter epoch.
+ran) and cuts the rest of their ops into windows as before: the schedule of a shorter epoch.
 """
 
 import dataclasses
@@ -166,10 +166,12 @@ class EpochWindows:
         return self._reported
 
     def stop(self):
-        """Feeds no further mini-batch: the next window drains what has been fed.
+        """Feeds no further mini-batch: the next windows drain what has been fed.
 
         The epoch becomes one of `fed` mini-batches, whose op lists begin with the ops run
-        so far; the next window holds the rest of them (none if everything fed is done).
+        so far; the next windows hold the rest of them, cut as before (each reports at
+        most `size` mini-batches, so per-batch callbacks still see each window's), none
+        if everything fed is done.
         """
         if self._stopped or self._fed == self.num_batches:
             self._stopped = True
@@ -193,7 +195,7 @@ class EpochWindows:
         if all(d == len(ops) for d, ops in zip(self._done, self._lists)):
             raise StopIteration
         first = self._reported
-        stop = self.num_batches if self._stopped else min(first + self.size, self.num_batches)
+        stop = min(first + self.size, self.num_batches)
         limit = None if stop == self.num_batches else self._cut_after(stop - 1)
         picked = []
         for k, ops in enumerate(self._lists):
