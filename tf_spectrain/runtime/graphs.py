@@ -72,6 +72,55 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None, sep
     return function
 
 
+class FlatCalls:
+    """Calls graph functions of nested tensor arguments through their concrete functions.
+
+    A `tf.function` call matches its arguments' structure against its traces on every call
+    (a trace type of every nested value): milliseconds for a window graph's dicts of
+    tensors, more than the graph itself takes for a small model. A concrete function traced
+    for these arguments' dtypes and shapes, called with the flat tensors in `tf.nest`'s
+    order, skips that. Arguments with a leaf that is not a tensor (or None) take the plain
+    call.
+    """
+
+    def __init__(self):
+        self._concrete = {}  # (function, structure, dtypes and shapes) -> concrete function
+
+    def prepare(self, function, args):
+        """`(concrete function, flat tensors)` for `function(*args)`, tracing it the first
+        time; `(function, args)` itself where a leaf is not a tensor."""
+        flat = [t for t in tf.nest.flatten(args) if t is not None]
+        if not all(isinstance(t, tf.Tensor) for t in flat):
+            return function, args
+        # EagerTensor's `_shape_tuple` is its shape without building a TensorShape.
+        key = (function, _structure(args),
+               tuple((t.dtype, t._shape_tuple()) for t in flat))  # noqa: SLF001
+        concrete = self._concrete.get(key)
+        if concrete is None:
+            concrete = self._concrete[key] = function.get_concrete_function(*args)
+        return concrete, flat
+
+    @staticmethod
+    def call(prepared, inputs):
+        """Calls what `prepare` returned."""
+        if isinstance(prepared, tf.types.experimental.ConcreteFunction):
+            return prepared._call_flat(inputs, prepared.captured_inputs)  # noqa: SLF001
+        return prepared(*inputs)
+
+
+def _structure(x):
+    """The nesting of `x` (dicts, lists, tuples) with each leaf a marker (None kept), as a
+    hashable value; plain Python, many times faster than `tf.nest` here."""
+    if isinstance(x, dict):
+        return ("d",) + tuple((k, _structure(v)) for k, v in sorted(x.items()))
+    if isinstance(x, (list, tuple)):
+        return ("l" if isinstance(x, list) else "t",) + tuple(_structure(v) for v in x)
+    return None if x is None else 0
+
+
+_UNOPTIMIZED = {}  # (executor type, serialized config) -> the options without Grappler
+
+
 @contextlib.contextmanager
 def unoptimized_calls():
     """Graph functions called from this thread meanwhile skip Grappler's optimisation of
@@ -85,12 +134,15 @@ def unoptimized_calls():
     """
     ctx = eager_context.context()
     before = ctx.function_call_options
-    config = before.config_proto_serialized
-    options = eager_context.FunctionCallOptions(executor_type=before.executor_type)
-    proto = type(ctx.config)()
-    proto.ParseFromString(config)
-    proto.graph_options.rewrite_options.disable_meta_optimizer = True
-    options.config_proto_serialized = proto
+    key = (before.executor_type, before.config_proto_serialized)
+    options = _UNOPTIMIZED.get(key)
+    if options is None:
+        options = eager_context.FunctionCallOptions(executor_type=before.executor_type)
+        proto = type(ctx.config)()
+        proto.ParseFromString(key[1])
+        proto.graph_options.rewrite_options.disable_meta_optimizer = True
+        options.config_proto_serialized = proto
+        _UNOPTIMIZED[key] = options
     ctx.function_call_options = options
     try:
         yield

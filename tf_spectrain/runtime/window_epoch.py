@@ -143,10 +143,11 @@ class WindowedEpoch:
             args = (xs, ys, rates, carried, flags)
             # Traced with the stage functions' own options, run without optimising the
             # window's graph again (`unoptimized_calls`).
-            function.get_concrete_function(*args)
+            calls = self.functions.calls
+            prepared, inputs = calls.prepare(function, args)
             started.append(time.perf_counter())
             with unoptimized_calls():
-                return _read(function(*args))
+                return _read(calls.call(prepared, inputs))
 
         try:
             outputs = self.watch.call(window, work)

@@ -9,7 +9,7 @@ traces one graph per window shape (`runtime.window_graph.WindowEmitter`) and kee
 
 import tensorflow as tf
 
-from tf_spectrain.runtime.graphs import graph_function
+from tf_spectrain.runtime.graphs import FlatCalls, graph_function
 from tf_spectrain.runtime.loss_scale import shares_scale
 from tf_spectrain.runtime.stage import ACTIVATIONS, INPUTS, WEIGHTS
 from tf_spectrain.runtime.window_graph import WindowEmitter
@@ -69,11 +69,15 @@ class WindowFunctions:
 
     Args:
         setup: the pipeline's `WindowSetup`.
+
+    Attributes:
+        calls: the `runtime.graphs.FlatCalls` that call them.
     """
 
     def __init__(self, setup):
         self.setup = setup
         self._cache = {}
+        self.calls = FlatCalls()  # how the window graphs are called (`graphs.FlatCalls`)
 
     def get(self, window, keeps, with_rates, timed=False, probe_plan=None, applies=None):
         """The graph function of `window` and the trace's notes (see `WindowEmitter`).
