@@ -55,12 +55,10 @@ def test_a_stall_exits_1_with_where_each_stage_is_and_keeps_the_checkpoint(
         assert code == 1, out.err[-3000:]
         assert "train.py: error: No stage of the pipeline finished a pass for 2.0 s in epoch 1 " \
                "(stall_timeout=2)" in out.err
-        # train.py's default on a CPU: a window per mini-batch.
-        assert "  stage 0 on /CPU:0: pass 2 of 2 of the window of mini-batch 2, the backward " \
-               "of micro-batch 2.0: waiting for the gradient of micro-batch 2.0 from stage 1 " \
-               "for " in out.err
-        assert "  stage 1 on /CPU:1: pass 1 of 2 of the window of mini-batch 2, the forward of " \
-               "micro-batch 2.0: running for " in out.err
+        assert "  stage 0 on /CPU:0: op 8 of 12, the backward of micro-batch 2.0: waiting for " \
+               "the gradient of micro-batch 2.0 from stage 1 for " in out.err
+        assert "  stage 1 on /CPU:1: op 7 of 12, the forward of micro-batch 2.0: running for " \
+               in out.err
         checkpoints = os.path.join(logdir, "checkpoints")
         first = os.path.join(checkpoints, "ckpt-e0001-b000000")
         assert f"The last good checkpoint is {first}; to continue from it (once the cause is " \

@@ -194,6 +194,8 @@ def prepare(config):
         saved = checkpoint.saved_cuts(config.checkpoint_dir)
         if saved is not None:  # a pipeline's: resumed at any cuts (the restore re-cuts)
             cuts = _resume_cuts(saved, config, len(device_names))
+    steps, eager = (graph_calls(config.steps_per_execution, config.run_eagerly, device_names)
+                    if pipeline else (config.steps_per_execution, config.run_eagerly))
     trainer = trainers.build_trainer(
         lambda: models.get_model(config.model, info.input_shape, info.num_classes, **options),
         config.mode,
@@ -211,8 +213,8 @@ def prepare(config):
         metrics=["accuracy"],
         batch_size=config.batch_size,
         precision=config.precision,
-        steps_per_execution=graph_calls(config.steps_per_execution, device_names),
-        run_eagerly=config.run_eagerly,
+        steps_per_execution=steps,
+        run_eagerly=eager,
         memory_limit=config.memory_limit,
         accumulate=config.accumulate,
     )
@@ -289,17 +291,23 @@ def _resume_note(run):
     )
 
 
-def graph_calls(setting, device_names):
-    """`--steps-per-execution` for the trainer: "auto" runs windows (`compile`'s "auto")
-    where a stage is an accelerator, and pass by pass (1) on a CPU-only machine.
+def graph_calls(setting, run_eagerly, device_names):
+    """`(steps_per_execution, run_eagerly)` for the trainer, from `--steps-per-execution`
+    and `--run-eagerly`: "auto" runs windows (`compile`'s "auto") where a stage is an
+    accelerator, and pass by pass (`run_eagerly=True`) on a CPU-only machine.
 
     On an accelerator a pass computes for about a millisecond, and the runtime's cost per
     pass outside windows (milliseconds, RESULTS.md section 14) decides the speed. On a CPU a
-    VGG16 stage's pass computes for tens of milliseconds: the main command's steady state is
-    the same both ways (456 ms per mini-batch in windows, 70 images/s either way) and
-    windows only add the time to build their graphs (RESULTS.md section 17).
+    VGG16 stage's pass computes for tens of milliseconds, and pass by pass is the fastest
+    there: the main command's whole run took 113-118 s pass by pass against 129-149 s in
+    windows of one (whose stages recompute each forward) and 139 s in windows of 8 (which
+    build their graphs; RESULTS.md section 17).
     """
+    if run_eagerly:
+        return setting, True
     accelerators = any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
                        for d in device_names)
-    return setting if setting != "auto" or accelerators else 1
+    if setting != "auto" or accelerators:
+        return setting, False
+    return 1, True
 
