@@ -16,10 +16,10 @@ script would be:
   number of mini-batches not seen before (a new window shape for a pipeline; nothing new
   for Keras).
 - `main`: the README's main command, `python train.py --model vgg16 --gpus 4` as it is
-  (`train-default`: a window per mini-batch on a CPU-only machine, windows of 8 with
-  GPUs), with `--steps-per-execution 8` (`train-windows`) and with `--run-eagerly` (pass by
-  pass, `train-eager`), each a fresh process: its own summary line (test accuracy,
-  training images/s, wall time) and the process' wall time.
+  (`train-default`: pass by pass on a CPU-only machine, windows of 8 with GPUs), with
+  `--steps-per-execution 8` (`train-windows`) and with `--run-eagerly` (pass by pass,
+  `train-eager`), each a fresh process: its own summary line (test accuracy, training
+  images/s, wall time) and the process' wall time.
 - `resnet`: the zoo's `resnet50` at 32 px, batch 16, a first `fit` of `--resnet-steps`,
   a `fit` of `--resnet-steps-new` and the same again: graph building of the first fit is
   its wall time less the third fit's time per mini-batch times its mini-batches, and the
