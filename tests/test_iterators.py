@@ -25,41 +25,43 @@ class Tracked:
         self.log.append((threading.current_thread().name, time.monotonic()))
 
 
-@pytest.fixture(autouse=True)
-def _no_earlier_retirements():
-    """Waits until the iterators earlier tests of this process retired are deleted (one can
-    wait for its autotuner for up to a minute), so that each test sees only its own."""
-    assert iterators.wait_retired(130)
+# Each reaper test has a reaper of its own: the process' one may still hold iterators that
+# earlier tests retired (one can wait for its autotuner for up to a minute).
 
 
 def test_retire_deletes_on_the_reaper_thread():
-    log = []
-    iterators.retire(Tracked(log))
-    assert iterators.wait_retired(10)
+    log, reaper = [], iterators.Reaper()
+    reaper.retire(Tracked(log))
+    assert reaper.wait(10)
     assert [name for name, _ in log] == ["tf_spectrain-iterator-reaper"]
 
 
 def test_retire_waits_until_the_caller_lets_go():
-    log = []
+    log, reaper = [], iterators.Reaper()
     obj = Tracked(log)
-    iterators.retire(obj)
+    reaper.retire(obj)
     time.sleep(0.3)
     assert log == []  # the caller still holds it
     released = time.monotonic()
     del obj
-    assert iterators.wait_retired(10)
+    assert reaper.wait(10)
     assert log[0][0] == "tf_spectrain-iterator-reaper"
     assert log[0][1] >= released
 
 
-def test_retire_ignores_none_and_wait_times_out_while_held():
+def test_retire_ignores_none_and_wait_times_out_while_held(monkeypatch):
+    queued = []
+    monkeypatch.setattr(iterators.Reaper, "retire", lambda self, obj: queued.append(obj))
     iterators.retire(None)
-    assert iterators.wait_retired(5)
+    iterators.retire("an iterator")
+    assert queued == ["an iterator"]  # None never reaches the process' reaper
+    monkeypatch.undo()
+    reaper = iterators.Reaper()
     obj = Tracked([])
-    iterators.retire(obj)
-    assert not iterators.wait_retired(0.2)
+    reaper.retire(obj)
+    assert not reaper.wait(0.2)
     del obj
-    assert iterators.wait_retired(10)
+    assert reaper.wait(10)
 
 
 def test_iterate_yields_everything_then_retires(monkeypatch):

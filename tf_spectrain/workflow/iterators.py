@@ -44,8 +44,12 @@ def without_autotune(dataset):
     return dataset.with_options(options)
 
 
-class _Reaper:
-    """A daemon thread that drops retired objects once it holds their last reference."""
+class Reaper:
+    """A daemon thread that drops retired objects once it holds their last reference.
+
+    The module's `retire` and `wait_retired` use one for the process; another is for a
+    caller (a test) that must see only its own objects go.
+    """
 
     def __init__(self):
         self._queue = queue.SimpleQueue()
@@ -84,7 +88,7 @@ class _Reaper:
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
 
-_REAPER = _Reaper()
+_REAPER = Reaper()
 atexit.register(_REAPER.wait, _EXIT_WAIT_SECONDS)
 
 
