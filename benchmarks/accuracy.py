@@ -98,8 +98,8 @@ def parse_args(argv):
     p.add_argument("--data-dir", help="tensorflow-datasets dir in which imdb_reviews is prepared "
                    "(models classifier, lstm; see benchmarks/prepare_imdb.py)")
     p.add_argument("--steps-per-execution", type=_window, default="auto",
-                   help="the pipelines' steps_per_execution: auto (windows) or 1 (pass by "
-                   "pass: no window graphs to build, faster for short runs); the same steps")
+                   help="the pipelines' steps_per_execution: auto (windows of 8) or an int "
+                   "(1: a graph call per mini-batch); the same steps")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results in work-dir")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a group's job file (internal)
     args = p.parse_args(argv)

@@ -351,9 +351,8 @@ class Runner:
             prepared (for the text classifiers; see `benchmarks/prepare_imdb.py`); None
             means tfds' default. Never downloads.
         steps_per_execution: the pipelines' `compile(steps_per_execution=...)`: "auto"
-            (windows of several mini-batches per graph call) or 1 (pass by pass, which
-            builds no window graphs: faster for short runs of many stages). Both train the
-            same steps.
+            (windows of several mini-batches per graph call) or an int (1: a graph call per
+            mini-batch, few window shapes to build). All train the same steps.
     """
 
     def __init__(self, devices, data_dir=None, steps_per_execution="auto"):
