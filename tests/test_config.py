@@ -57,6 +57,8 @@ def test_the_cluster_can_come_from_tf_config(monkeypatch):
         (dict(gpus_per_host=2), "without --cluster use --gpus"),
         (dict(cluster=CLUSTER, mode="dp"), "needs one of the modes"),
         (dict(cluster=CLUSTER, gpus_per_host=0), "--gpus-per-host"),
+        (dict(trainer_address="127.0.0.1"), "--trainer-address is where --cluster workers"),
+        (dict(cluster=CLUSTER, trainer_address=5), "--trainer-address.*'host' or 'host:port'"),
         (dict(cluster="127.0.0.1"), "host:port"),
         (dict(cluster=CLUSTER, cuts=("a", "b")), "gives 2 devices: give 1 cut layers"),
     ],

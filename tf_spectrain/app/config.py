@@ -63,6 +63,7 @@ class RunConfig:
     gpus: int | None = None  # None: DEFAULT_GPUS without --cluster
     cluster: str | None = None
     gpus_per_host: int | None = None  # None: 1 with --cluster
+    trainer_address: str | None = None  # with --cluster; None: found from the route
     mode: str = "spectrain"
     cuts: tuple[str, ...] | str = "auto"
     spectrain_target: str = "paper"

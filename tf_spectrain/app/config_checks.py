@@ -115,6 +115,9 @@ def _check_devices(p, c):
         if c.gpus_per_host is not None:
             p.add("--gpus-per-host sets the devices of each --cluster worker; without "
                   f"--cluster use --gpus. Received: --gpus-per-host {c.gpus_per_host}")
+        if c.trainer_address is not None:
+            p.add("--trainer-address is where --cluster workers reach the trainer; without "
+                  f"--cluster it has no use. Received: --trainer-address {c.trainer_address}")
         if not p.check(checks.check_int, "--gpus", c.gpus, 1):
             return False
         if c.gpus > MAX_DEVICES:
@@ -130,6 +133,9 @@ def _check_devices(p, c):
     if c.gpus_per_host is not None and not p.check(checks.check_int, "--gpus-per-host",
                                                    c.gpus_per_host, 1):
         ok = False
+    if c.trainer_address is not None:
+        p.check(checks.check_instance, "--trainer-address", c.trainer_address, str,
+                " ('host' or 'host:port')")
     if c.mode not in modes.PIPELINE_MODES:
         p.add(f"--cluster places pipeline stages on the workers and needs one of the modes "
               f"{list(modes.PIPELINE_MODES)}. Received: --cluster with --mode {c.mode}")

@@ -79,7 +79,8 @@ def repeated_flags(argv):
 
 
 def _add_devices(add):
-    """Adds the model and the devices it trains on: --model, --gpus, --cluster, --gpus-per-host."""
+    """Adds the model and the devices it trains on: --model, --gpus, --cluster, --gpus-per-host,
+    --trainer-address."""
     add("model", help="model builder (see --help for the list)")
     add("gpus", type=int, help="number of devices to use (4 when neither --gpus nor "
         "--cluster is given)")
@@ -90,6 +91,9 @@ def _add_devices(add):
     add("gpus_per_host", type=int, help="with --cluster: the devices of each worker that "
         "hold stages (its GPUs, or on a CPU-only worker its logical CPU devices, see the "
         "worker's --cpu-devices); 1 when not given")
+    add("trainer_address", help="with --cluster: 'host' or 'host:port', this host's address "
+        "that the workers reach the trainer at (default: the address this host's route to "
+        "the workers leaves from; TensorFlow's localhost when every worker is on loopback)")
 
 
 def _add_pipeline(add):

@@ -17,7 +17,7 @@ from tf_spectrain.app import trainers
 from tf_spectrain.app.config import RunConfig, as_run_config
 from tf_spectrain.callbacks import PipelineCheckpoint
 from tf_spectrain.checkpoint import layout
-from tf_spectrain.cluster import connect_cluster
+from tf_spectrain.cluster import connect_cluster, trainer_job
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
@@ -166,8 +166,11 @@ def prepare(config):
     if config.cluster is not None:
         # Before anything else touches TensorFlow: connecting reconfigures its context.
         device_names = connect_cluster(config.trainer_cluster,
-                                       devices_per_worker=config.gpus_per_host or 1)
-        print(f"connected to {config.trainer_cluster.num_workers} workers; stages on "
+                                       devices_per_worker=config.gpus_per_host or 1,
+                                       trainer_address=config.trainer_address)
+        job, address = trainer_job()
+        served = f" (the trainer served at {address})" if address else ""
+        print(f"connected to {config.trainer_cluster.num_workers} workers{served}; stages on "
               f"{', '.join(device_names)}", flush=True)
     else:
         with warnings.catch_warnings():

@@ -9,13 +9,14 @@
 - `sockets`: what a process listens on (`/proc`), whether an address accepts connections.
 - `server`: the TensorFlow server of one worker (`python -m tf_spectrain.app.worker`).
 - `record`: the versions record a worker publishes in a TensorFlow variable.
+- `reach`: the address the workers reach the trainer at (pure Python).
 - `connect`: `connect_cluster`, the trainer's side.
 
 TensorFlow's server runs any graph sent by anyone who can reach its port, and TensorFlow
 2.21 listens on every interface: use trusted networks only.
 """
 
-from tf_spectrain.cluster.connect import check_versions, connect_cluster
+from tf_spectrain.cluster.connect import check_versions, connect_cluster, trainer_job
 from tf_spectrain.cluster.device_names import stage_devices
 from tf_spectrain.cluster.server import WildcardBindError, WorkerServer, start_worker
 from tf_spectrain.cluster.slots import trainer_cluster, worker_slot
@@ -33,5 +34,6 @@ __all__ = [
     "stage_devices",
     "start_worker",
     "trainer_cluster",
+    "trainer_job",
     "worker_slot",
 ]

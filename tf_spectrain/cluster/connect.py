@@ -23,10 +23,11 @@ import time
 import tensorflow as tf
 
 from tf_spectrain import checks
-from tf_spectrain.cluster import addresses, device_names, health, slots, sockets, spec
+from tf_spectrain.cluster import addresses, device_names, health, reach, slots, sockets, spec
 from tf_spectrain.cluster import record as record_lib
 
 DEFAULT_TIMEOUT = 5.0
+_joined = {"job": None, "address": None}  # the trainer's job and address once connected
 
 
 def _as_cluster(cluster):
@@ -79,17 +80,38 @@ def _fail_fast():
         os.environ.pop("GRPC_FAIL_FAST", None)
 
 
-def _connect(cluster):
-    # The trainer takes the chief's slot only when TF_CONFIG gives it that task; otherwise
-    # it is TensorFlow's "localhost" job, and a chief address (served by nobody) is left out.
+def _jobs(cluster, trainer_address=None):
+    """The jobs of the cluster TensorFlow builds and the trainer's job among them."""
+    # The trainer takes the chief's slot when TF_CONFIG gives it that task. Otherwise it
+    # joins as TensorFlow's "localhost" job while every worker is on this host's loopback,
+    # and as the chief at an address the workers reach when one is elsewhere (`reach`).
     if cluster.task == (spec.CHIEF, 0):
+        if trainer_address is not None:
+            raise ValueError(
+                "`trainer_address` cannot be given when TF_CONFIG makes this process the "
+                f"chief: its address is TF_CONFIG's {cluster.chief!r}. Received: "
+                f"trainer_address={trainer_address!r}")
         jobs, job = cluster.jobs(), spec.CHIEF
     else:
         jobs, job = {spec.WORKER: list(cluster.workers)}, "localhost"
+        address = reach.trainer_address(cluster, trainer_address)
+        if address is not None:
+            jobs[spec.CHIEF], job = [address], spec.CHIEF
+    return jobs, job
+
+
+def trainer_job():
+    """`(job, address)` the trainer joined its cluster as: `("chief", "10.0.0.3:40123")`,
+    `("localhost", None)`, or `(None, None)` before `connect_cluster`."""
+    return _joined["job"], _joined["address"]
+
+
+def _connect(cluster, jobs, job):
     try:
         with _fail_fast():
             tf.config.experimental_connect_to_cluster(
                 tf.train.ClusterSpec(jobs), job_name=job, task_index=0)
+            _joined.update(job=job, address=jobs[job][0] if job in jobs else None)
             return [d.name for d in tf.config.list_logical_devices()]
     except tf.errors.OpError as error:
         first = str(error.message).strip().splitlines()[0] if error.message else ""
@@ -150,12 +172,14 @@ def check_versions(cluster):
 
 
 def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TIMEOUT,
-                    versions=True):
+                    versions=True, trainer_address=None):
     """Connects this process, as the trainer, to the workers of a cluster.
 
     Every address must run `python -m tf_spectrain.app.worker`. The trainer holds no slot in
-    the list (it joins as TensorFlow's `localhost` job), or, with a `TF_CONFIG` whose task
-    is the chief, the chief's slot. Call this at the start of the program, before models
+    the list: it joins as TensorFlow's `localhost` job while every worker is on this
+    host's loopback, else as the `chief` job at an address of this host the workers reach
+    (found from the route to them, or `trainer_address`); with a `TF_CONFIG` whose task
+    is the chief, it takes the chief's slot. Call this at the start of the program, before models
     are built: it reconfigures TensorFlow's eager context.
 
     Args:
@@ -167,6 +191,9 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
             seconds (a worker just started may need a moment).
         versions: check that every worker runs this process's TensorFlow and tf_spectrain
             versions and was started with this cluster (True unless you know better).
+        trainer_address: `"host"` or `"host:port"`, the address of this host the workers
+            reach the trainer at (a free port is taken when none is given); None finds it
+            from this host's route to the workers.
 
     Returns:
         The workers' device names in stage order, worker 0's first, such as
@@ -174,8 +201,10 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
         `PipelineModel(model, devices=...)`.
 
     Raises:
-        ValueError, TypeError: if the cluster spec or another argument is invalid, or a
-            worker has fewer devices than `devices_per_worker`.
+        ValueError, TypeError: if the cluster spec or another argument is invalid, a
+            worker has fewer devices than `devices_per_worker`, or the trainer's address
+            cannot be chosen (routes to the workers from different addresses: pass
+            `trainer_address`).
         ConnectionError: if a worker is not listening, or TensorFlow cannot connect.
         RuntimeError: if a worker runs other versions or was started with another cluster.
     """
@@ -184,8 +213,9 @@ def connect_cluster(cluster=None, *, devices_per_worker=None, timeout=DEFAULT_TI
         devices_per_worker = checks.check_int("devices_per_worker", devices_per_worker, 1,
                                               none_ok=True)
     timeout = checks.check_number("timeout", timeout, 0, meaning="seconds")
+    jobs, job = _jobs(cluster, trainer_address)
     check_listening(cluster, timeout)
-    names = _connect(cluster)
+    names = _connect(cluster, jobs, job)
     devices = device_names.stage_devices(names, cluster, devices_per_worker)
     if versions:
         check_versions(cluster)
