@@ -5,11 +5,13 @@ place work on `/CPU:0` .. `/CPU:3`.
 """
 
 import fcntl
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 
 import pytest
@@ -92,6 +94,37 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if lock is not None:
             lock.release()
+
+
+# --- garbage off the main thread ------------------------------------------------------------
+#
+# Deleting a tf.data iterator whose autotuner missed its wake-up waits, idle, up to the
+# autotuner's next run (up to a minute; tf_spectrain.workflow.iterators). Keras' reference runs
+# in the tests leave their iterators in reference cycles, and the next garbage collection
+# deletes them in whichever test starts it: py-spy caught tests idle 20-60 s in
+# `~LogicalThreadWrapper` under a collection started by an unrelated allocation. So each
+# test's garbage is collected on a daemon thread after it. While that collection runs,
+# Python's others return at once: a test that needs garbage gone calls `collect_garbage`.
+
+
+_COLLECTIONS = []  # the daemon threads started below, until `collect_garbage` joins them
+
+
+@pytest.fixture(autouse=True)
+def _garbage_collected_off_the_main_thread():
+    """After each test, collects garbage on a daemon thread (see above)."""
+    yield
+    thread = threading.Thread(target=gc.collect, name="tests-gc", daemon=True)
+    thread.start()
+    _COLLECTIONS.append(thread)
+
+
+def collect_garbage():
+    """`gc.collect()` in this thread, once the background collections are done (for tests
+    that need garbage gone now)."""
+    while _COLLECTIONS:
+        _COLLECTIONS.pop().join()
+    return gc.collect()
 
 
 class KerasOnly:

@@ -13,6 +13,7 @@ Models are 6x6 images and profiling runs at batch 4; conftest.py has split the C
 import keras
 import numpy as np
 import pytest
+from conftest import collect_garbage
 
 from tf_spectrain import costmodel, partition
 from tf_spectrain.costmodel import autoplan, measure
@@ -260,13 +261,11 @@ def test_use_cuts_refusals(cnn):
 
 
 def test_profile_cache_entries_go_with_their_model():
-    import gc
-
     model = make_cnn(seed=6)
     costmodel.auto_partition(model, CPUS[:2], batch_size=BATCH, calibration_rounds=0)
     key = next(k for k in autoplan._PROFILES if k[0] == id(model))
     del model
-    gc.collect()
+    collect_garbage()
     assert key not in autoplan._PROFILES
 
 

@@ -9,12 +9,12 @@ step). Models are tiny except one MobileNetV2 (alpha 0.35, 32x32), a transfer-le
 backbone under a new head; conftest.py has split the CPU into /CPU:0 .. /CPU:3.
 """
 
-import gc
 import weakref
 
 import keras
 import numpy as np
 import pytest
+from conftest import collect_garbage
 from keras import layers
 from step_helpers import momentum_sgd, rel_error
 
@@ -171,7 +171,7 @@ def test_repeated_reads_build_the_flat_graph_once_and_free_it_with_the_model():
     assert len(conv._inbound_nodes) == 2  # its call in `base` and one in the flat graph
     ref = weakref.ref(model)
     del model
-    gc.collect()
+    collect_garbage()
     assert ref() is None
 
 

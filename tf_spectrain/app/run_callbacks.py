@@ -22,6 +22,8 @@ class RunProgress(keras.callbacks.Callback):
     `stop_training`.
     """
 
+    reads_model_weights = False  # the logs and the optimizer, never the weights
+
     def __init__(self, run):
         super().__init__()
         self.run = run
@@ -65,6 +67,8 @@ class RunProgress(keras.callbacks.Callback):
 
 class StopOnNonFinite(keras.callbacks.Callback):
     """Baselines: a non-finite loss stops training with the step and learning rate."""
+
+    reads_model_weights = False  # the logs and the optimizer, never the weights
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

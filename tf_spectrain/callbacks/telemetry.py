@@ -96,6 +96,8 @@ class Telemetry(keras.callbacks.Callback):
         TypeError: if `logdir` is not a path, or one of those numbers is not an int.
     """
 
+    reads_model_weights = False  # the pipeline's stages, not the wrapped model's weights
+
     def __init__(
         self, logdir, log_every="auto", prediction_every=10, batch_size=None, steps_per_epoch=None
     ):

@@ -73,6 +73,8 @@ class PipelineTrace(keras.callbacks.Callback):
             `(start, stop)` with `0 <= start < stop`.
     """
 
+    reads_model_weights = False  # the pipeline's stages, not the wrapped model's weights
+
     def __init__(self, path, batches=None, pass_times=True):
         super().__init__()
         path = checks.check_path("path", path)

@@ -45,6 +45,8 @@ class PipelineCheckpoint(keras.callbacks.Callback):
         CheckpointWriteError: from `fit`, when a checkpoint cannot be written.
     """
 
+    reads_model_weights = False  # the pipeline's stages, not the wrapped model's weights
+
     def __init__(self, directory, keep=3, metadata=None):
         super().__init__()
         keep = store.check_keep(keep)

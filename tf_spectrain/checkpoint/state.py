@@ -246,6 +246,7 @@ def restore_checkpoint(trainer, path, metadata=None):
             trainer.epochs_trained = int(saved["epochs_trained"])
         trainer.sync_replicas()  # a checkpoint holds replica 0; the others take its state
         _sync_loss_scales(trainer)
+        trainer.stages_moved_on()
         trainer.copy_weights_to_model()  # the wrapped model shows the restored weights
     return info
 

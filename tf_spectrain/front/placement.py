@@ -23,6 +23,7 @@ from tf_spectrain import devices as devices_lib
 from tf_spectrain.costmodel import autoplan
 from tf_spectrain.partition import autocuts
 from tf_spectrain.partition.cuts import check_cut_names
+from tf_spectrain.partition.mirror import WeightMirror
 from tf_spectrain.partition.model_memory import warn_if_model_on_stage_device
 from tf_spectrain.runtime import replicas as replicas_lib
 
@@ -112,6 +113,7 @@ class StagePlacement:
         self.replica_devices = [self.devices] + [list(d) for d in grid[1:]]
         self.replica_stages = [self.stages] + [
             partition.place_stages(self._split, d) for d in grid[1:]]
+        self._mirror = WeightMirror(self._split, self.replica_stages)
         self.replica_runners = None
         self.options.updates_every(self.num_stages)  # raises for 2bw's `accumulate` < N
         self.plans = self.options.pass_plans(self.num_stages)
@@ -164,19 +166,28 @@ class StagePlacement:
         return [d for devices in self.replica_devices for d in devices]
 
     def copy_weights_to_stages(self):
-        """Copies the wrapped model's weights (BatchNorm statistics included) to the stages
-        (of every replica)."""
-        for stages in self.replica_stages:
-            partition.copy_weights(self._split, stages)
+        """Brings the stages (of every replica) up to date with the wrapped model: copies
+        the model's weights (BatchNorm statistics included) written since the two last
+        agreed, every weight the first time (`partition.mirror.WeightMirror`)."""
+        self._mirror.to_stages()
 
     def copy_weights_to_model(self):
-        """Copies the stages' weights (BatchNorm statistics included) into `model`.
+        """Brings `model` up to date with the stages: copies replica 0's weights (BatchNorm
+        statistics included) into it, unless it already holds them; a weight written into
+        the model since the two last agreed wins and goes to the stages instead."""
+        self._mirror.to_model()
 
-        With replicas, each non-trainable weight (BatchNorm's statistics) is first set to
-        its mean over the replicas, in every replica.
-        """
+    def stages_moved_on(self):
+        """Notes that the stages' weights were set (a restore): `model` is behind until
+        `copy_weights_to_model`, which then takes every weight from the stages."""
+        self._mirror.moved_on(overriding=True)
+
+    def epoch_trained(self):
+        """After an epoch of training: each non-trainable weight (BatchNorm's statistics)
+        set to its mean over the replicas, in every replica; `model` behind until
+        `copy_weights_to_model` (which `fit` calls where something may read it)."""
         replicas_lib.average_non_trainable(self.replica_stages)
-        partition.copy_weights(self.stages, self._split)
+        self._mirror.moved_on()
 
     def sync_replicas(self):
         """Copies replica 0's weights and optimizer state into the other replicas.

@@ -10,6 +10,7 @@ every epoch end; the trained weights are then copied back into the wrapped model
 `on_epoch_end`.
 """
 
+import contextlib
 import time
 
 import keras
@@ -197,8 +198,11 @@ class FitLoop:
             return self._epochs(initial_epoch, epochs, next_batches, validate)
         except BaseException as error:
             # Validation, a checkpoint or a callback may be the first to meet a lost worker.
-            health.note_lost_workers(error, self.pipeline.all_devices,
-                                     self.pipeline.num_stages)
+            lost = health.note_lost_workers(error, self.pipeline.all_devices,
+                                            self.pipeline.num_stages)
+            if not lost:  # the weights trained so far, in the model (the error goes on)
+                with contextlib.suppress(Exception):
+                    self.pipeline.copy_weights_to_model()
             raise
 
     def _epochs(self, initial_epoch, epochs, next_batches, validate):
@@ -206,6 +210,9 @@ class FitLoop:
         callbacks.on_train_begin()
         # As Keras' fit: BackupAndRestore may have restored the model and its epoch.
         initial_epoch = keras_fit.start_epoch(pipe, initial_epoch)
+        # The model gets the stages' weights before epoch hooks only if a callback may read
+        # them (each copy crosses the links to the stages' hosts), and at the end.
+        reads = any(keras_fit.may_read_weights(c) for c in callbacks.callbacks)
         logs = {}
         for epoch in range(initial_epoch, epochs):
             self.logs.reset()
@@ -218,17 +225,20 @@ class FitLoop:
                 logs = keras_fit.terminate_on_nan(callbacks, pipe.progress, self.logs.result())
                 if logs is None:
                     raise
+            if reads:
+                pipe.copy_weights_to_model()
             cut_short = pipe.progress.epoch_progress[1] < self.num_batches
             if validate is not None and not cut_short:
                 logs.update({f"val_{k}": v for k, v in validate(epoch).items()})
             callbacks.on_epoch_end(epoch, logs)
             if pipe.model.stop_training:
                 break
+        pipe.copy_weights_to_model()
         callbacks.on_train_end(logs)
         return logs
 
     def _run_epoch(self, epoch, batches):
-        """One epoch through the stages; the weights end up in the wrapped model."""
+        """One epoch through the stages (the wrapped model is then behind them)."""
         pipe, progress, n = self.pipeline, self.pipeline.progress, self.num_batches
         options = pipe.options
         lists = options.op_lists(pipe.num_stages, n)
@@ -280,7 +290,7 @@ class FitLoop:
             progress.epoch_seconds = time.perf_counter() - started
             pipe.epochs_trained += 1
             if not lost:  # a stage's device is gone: its weights cannot be read back
-                pipe.copy_weights_to_model()
+                pipe.epoch_trained()
 
     def _batch_done(self, run, epoch, done):
         """After mini-batch `done - 1`: progress, `on_train_batch_end`, a requested stop."""

@@ -9,6 +9,10 @@
 - `terminate_on_nan`: with a `keras.callbacks.TerminateOnNaN`, a non-finite loss ends `fit`
   as in Keras (the callback sees the batch's non-finite loss, sets `stop_training`, and
   `fit` returns its History) instead of raising the pipeline's `NonFiniteLossError`.
+- `may_read_weights`: whether a callback may read the wrapped model's weights at an
+  epoch's end; only then does the pipeline copy them there from the stages (over the
+  links when the stages are on other hosts) before `on_epoch_end` (and always at the end
+  of `fit`).
 """
 
 import keras
@@ -16,7 +20,15 @@ import keras
 from tf_spectrain.partition import model_structure
 from tf_spectrain.workflow import optimizer_view
 
-__all__ = ["after_load", "build_metrics", "start_epoch", "terminate_on_nan"]
+__all__ = ["after_load", "build_metrics", "may_read_weights", "start_epoch", "terminate_on_nan"]
+
+# Keras callbacks that never read a model's weights (their hooks read the logs, the epoch,
+# the optimizer's learning rate).
+_NEVER_READ = (
+    keras.callbacks.History, keras.callbacks.ProgbarLogger, keras.callbacks.CSVLogger,
+    keras.callbacks.TerminateOnNaN, keras.callbacks.ReduceLROnPlateau,
+    keras.callbacks.LearningRateScheduler, keras.callbacks.RemoteMonitor,
+)
 
 
 def after_load(pipe):
@@ -85,3 +97,27 @@ def terminate_on_nan(callbacks, progress, logs):
     logs = dict(logs, loss=float("nan"))
     callbacks.on_train_batch_end(progress.epoch_progress[1], logs)
     return logs
+
+
+def may_read_weights(callback):
+    """Whether `callback` may read the wrapped model's weights in its epoch hooks.
+
+    A callback says so with a boolean `reads_model_weights` attribute (tf_spectrain's own
+    callbacks say False: they read the stages). Otherwise: False for Keras' callbacks that
+    never read them (`History`, `ProgbarLogger`, `CSVLogger`, `TerminateOnNaN`,
+    `ReduceLROnPlateau`, `LearningRateScheduler`, `RemoteMonitor`), `EarlyStopping` without
+    `restore_best_weights` and `TensorBoard` without weight histograms or embeddings (their
+    subclasses are taken to read); True for every other callback (`ModelCheckpoint`,
+    `BackupAndRestore`, a `LambdaCallback`, a user's own).
+    """
+    flag = getattr(callback, "reads_model_weights", None)
+    if isinstance(flag, bool):
+        return flag
+    kind = type(callback)
+    if kind in _NEVER_READ:
+        return False
+    if kind is keras.callbacks.EarlyStopping:
+        return bool(callback.restore_best_weights)
+    if kind is keras.callbacks.TensorBoard:
+        return bool(callback.histogram_freq or callback.embeddings_freq)
+    return True
