@@ -32,6 +32,7 @@ CLUSTER = "127.0.0.1:2222,127.0.0.1:2223"
     "settings, stages",
     [
         (dict(cluster=CLUSTER), 2),
+        (dict(cluster=CLUSTER, mode="dp", gpus_per_host=2), 4),
         (dict(cluster=CLUSTER, gpus_per_host=3), 6),
         (dict(cluster=CLUSTER, gpus_per_host=2, cuts=("a", "b", "c")), 4),
     ],
@@ -55,7 +56,8 @@ def test_the_cluster_can_come_from_tf_config(monkeypatch):
     [
         (dict(cluster=CLUSTER, gpus=2), "--gpus cannot go with --cluster"),
         (dict(gpus_per_host=2), "without --cluster use --gpus"),
-        (dict(cluster=CLUSTER, mode="dp"), "needs one of the modes"),
+        (dict(cluster=CLUSTER, mode="single"), "needs --mode dp or one of the modes"),
+        (dict(cluster=CLUSTER, mode="dp", batch_size=33), "split evenly across the 2 devices"),
         (dict(cluster=CLUSTER, gpus_per_host=0), "--gpus-per-host"),
         (dict(trainer_address="127.0.0.1"), "--trainer-address is where --cluster workers"),
         (dict(cluster=CLUSTER, trainer_address=5), "--trainer-address.*'host' or 'host:port'"),

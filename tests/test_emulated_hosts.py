@@ -75,7 +75,7 @@ def test_a_failing_run_and_a_killed_one_leave_nothing():
 
 
 @needs_namespaces
-def test_train_py_trains_with_its_trainer_on_a_third_host(tmp_path):
+def test_train_py_trains_a_pipeline_and_dp_with_its_trainer_on_a_third_host(tmp_path):
     env = child_env(CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
     with eh.EmulatedHosts(3, "200mbit") as hosts:
         cluster = f"{hosts.address(0)}:2222,{hosts.address(1)}:2222"
@@ -85,13 +85,19 @@ def test_train_py_trains_with_its_trainer_on_a_third_host(tmp_path):
                                env=env, cwd=HERE.parent) for t in (0, 1)]
         for worker in workers:
             assert any(line.startswith("tf_spectrain worker: ") for line in worker.stdout)
-        done = hosts.run(2, [sys.executable, "train.py", "--cluster", cluster, "--model",
-                             "small_cnn", "--cuts", "pool1", "--batch-size", "16", "--limit",
-                             "64", "--epochs", "1", "--export", "none", "--logdir",
-                             str(tmp_path / "run")], timeout=240, env=env, cwd=HERE.parent)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
-    assert f"the trainer served at {hosts.address(2)}:" in done.stdout
-    assert "test accuracy" in done.stdout
+        runs = {mode: hosts.run(2, [sys.executable, "train.py", "--cluster", cluster, "--model",
+                                    "small_cnn", "--batch-size", "16", "--limit", "64",
+                                    "--epochs", "1", "--export", "none", "--logdir",
+                                    str(tmp_path / mode), *flags],
+                                timeout=240, env=env, cwd=HERE.parent)
+                for mode, flags in [("spectrain", ["--cuts", "pool1"]), ("dp", ["--mode", "dp"])]}
+    for mode, done in runs.items():
+        assert done.returncode == 0, (mode, done.stdout[-2000:], done.stderr[-4000:])
+        assert f"the trainer served at {hosts.address(2)}:" in done.stdout
+        assert "test accuracy" in done.stdout
+    workers = [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in (0, 1)]
+    assert f"spectrain pipeline of 2 stages on {', '.join(workers)}" in runs["spectrain"].stdout
+    assert f"dp on {', '.join(workers)} (a copy of the model on each" in runs["dp"].stdout
 
 
 # --- the trainer's address (tf_spectrain.cluster.reach), without namespaces ----------------

@@ -83,6 +83,22 @@ def test_baselines_build_a_compiled_keras_model(mode):
     assert model.evaluate(x, np.zeros(4, "int32"), verbose=0)[0] >= 0  # compiled, with a loss
 
 
+def test_dp_across_hosts_is_one_stage_replicated_and_takes_data_parallel_steps():
+    # Across hosts dp is the pipeline's replicas of one stage (Keras' fit cannot run under
+    # MultiWorkerMirroredStrategy); their steps are those of the same batch on one copy.
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(32, 5)).astype("float32"), rng.integers(0, 3, 32).astype("int32")
+    across = build("dp", devices=["/CPU:1", "/CPU:2"], across_hosts=True, weight_decay=0)
+    assert isinstance(across, PipelineModel)
+    assert (across.mode, across.num_stages, across.replicas, across.cuts) == ("sync", 1, 2, [])
+    assert across.replica_devices == [["/CPU:1"], ["/CPU:2"]]
+    one = build("dp", devices=["/CPU:1"], weight_decay=0)  # MirroredStrategy, one device
+    for trainer in (across, one):
+        trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(across.model.get_weights(), one.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "args, error, pattern",
     [

@@ -6,6 +6,8 @@ with the model holding the trained weights. Sync pipelines against plain Keras (
 SGD: equal within float tolerance); the mirror itself on a two-stage MLP on /CPU:0..1.
 """
 
+import copy
+
 import keras
 import numpy as np
 import pytest
@@ -62,6 +64,22 @@ def test_the_models_writes_after_training_win_and_reach_the_stages():
     mirror.moved_on(overriding=True)
     mirror.to_model()
     np.testing.assert_array_equal(bias.numpy(), 7.0)
+
+
+def test_a_copy_of_a_watched_variable_is_watched_by_nobody():
+    # Stages of custom layers are deep copies (partition.layer_copy): the copy's writes
+    # (its optimizer's, every step) must neither reach the model nor count as its writes.
+    model, _, stages, mirror = _mirror()
+    mirror.to_stages()
+    kernel = model.get_layer("a").kernel
+    twin_kernel = copy.deepcopy(kernel)
+    twin_kernel.assign(np.full(kernel.shape, 5.0, "float32"))
+    twin_kernel.assign_add(np.ones(kernel.shape, "float32"))
+    assert mirror.to_stages() == 0
+    assert not np.any(kernel.numpy() == 6.0)
+    np.testing.assert_array_equal(twin_kernel.numpy(), 6.0)
+    kernel.assign_sub(np.ones(kernel.shape, "float32"))  # the model's own: seen
+    assert mirror.to_stages() == 1
 
 
 @pytest.mark.parametrize("callback, reads", [

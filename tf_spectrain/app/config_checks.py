@@ -136,8 +136,9 @@ def _check_devices(p, c):
     if c.trainer_address is not None:
         p.check(checks.check_instance, "--trainer-address", c.trainer_address, str,
                 " ('host' or 'host:port')")
-    if c.mode not in modes.PIPELINE_MODES:
-        p.add(f"--cluster places pipeline stages on the workers and needs one of the modes "
+    if c.mode not in modes.PIPELINE_MODES + ("dp",):
+        p.add(f"--cluster places pipeline stages (or with --mode dp, copies of the model) "
+              f"on the workers and needs --mode dp or one of the modes "
               f"{list(modes.PIPELINE_MODES)}. Received: --cluster with --mode {c.mode}")
         ok = False
     try:
@@ -145,6 +146,11 @@ def _check_devices(p, c):
     except (TypeError, ValueError) as error:
         p.append(error)
         return False
+    if ok and c.mode == "dp" and isinstance(c.batch_size, int) and c.batch_size % c.num_devices:
+        p.add(f"--batch-size must split evenly across the {c.num_devices} devices of "
+              f"--cluster with --mode dp (one copy of the model each): a multiple of "
+              f"{c.num_devices}. Received: --batch-size {c.batch_size}")
+        ok = False
     if ok and c.num_devices > MAX_DEVICES:
         p.add(f"--cluster with --gpus-per-host {c.gpus_per_host or 1} makes {c.num_devices} "
               f"stages ({cluster.num_workers} workers); at most {MAX_DEVICES} are allowed.")

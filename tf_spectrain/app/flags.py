@@ -21,7 +21,9 @@ MODE_HELP = (
     "Nesterov form with the momentum raised by the stage's delay; --optimizer "
     f"{' or '.join(NESTEROV_OPTIMIZERS)}), 2bw (PipeDream-2BW: weight stashing, one update "
     "per --accumulate mini-batches, at most two weight versions per stage); baselines: "
-    "single (one device), dp (data parallelism with tf.distribute.MirroredStrategy)"
+    "single (one device), dp (data parallelism with tf.distribute.MirroredStrategy; over "
+    "--cluster, a copy of the model on each worker device, the pipeline's replicas of one "
+    "stage)"
 )
 
 

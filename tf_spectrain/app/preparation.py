@@ -188,12 +188,14 @@ def prepare(config):
         num_train, config.batch_size, config.micro_batches * config.replicas, flags=True
     )
     cuts = config.cuts
-    pipeline = config.mode in modes.PIPELINE_MODES
+    across_hosts = config.mode == "dp" and config.cluster is not None  # replicas of 1 stage
+    pipeline = config.mode in modes.PIPELINE_MODES or across_hosts
     if config.resume and config.checkpoint_dir is not None:  # another run's: refused now
         checkpoint.refuse_other_settings(
             config.checkpoint_dir, run_facts(config), kind="pipeline" if pipeline else "keras",
-            mode=config.mode, spectrain_target=config.spectrain_target)
-    if config.resume and pipeline and config.checkpoint_dir is not None:
+            mode="sync" if across_hosts else config.mode,
+            spectrain_target=config.spectrain_target)
+    if config.resume and pipeline and not across_hosts and config.checkpoint_dir is not None:
         saved = checkpoint.saved_cuts(config.checkpoint_dir)
         if saved is not None:  # a pipeline's: resumed at any cuts (the restore re-cuts)
             cuts = _resume_cuts(saved, config, len(device_names))
@@ -220,6 +222,7 @@ def prepare(config):
         run_eagerly=eager,
         memory_limit=config.memory_limit,
         accumulate=config.accumulate,
+        across_hosts=across_hosts,
     )
     model = checkpoint.trainer_model(trainer)
     run = Run(config, device_names, model, trainer, test_ds, num_train, started)
@@ -256,6 +259,9 @@ def describe(run):
             f"{example_unit(config)})")
     if config.precision != "float32":
         what += f" in {config.precision}"
+    if isinstance(run.trainer, PipelineModel) and config.mode == "dp":
+        return (f"{what}: dp on {', '.join(run.device_names)} (a copy of the model on each, "
+                f"the pipeline's replicas of one stage){_resume_note(run)}")
     if isinstance(run.trainer, PipelineModel):
         pipe = run.trainer
         copies = "" if pipe.replicas == 1 else f"{pipe.replicas} replicas of a "

@@ -4,7 +4,11 @@
 mode means the same model, optimizer and placement everywhere:
 
 - `single`: the model on the first device, `keras.optimizers.SGD` (or AdamW);
-- `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`;
+- `dp`: the model replicated on every device by `tf.distribute.MirroredStrategy`; across
+  hosts (`across_hosts`), a `PipelineModel` of one stage replicated on every device (each
+  mini-batch split evenly, the copies' gradients summed before every update: the same
+  steps), since Keras' `fit` cannot run under `MultiWorkerMirroredStrategy`
+  (keras-team/keras#20585) and a trainer that holds no worker slot is no client of one;
 - a pipeline mode (`modes.PIPELINE_MODES`): a `PipelineModel` of one stage per device,
   `SpecTrainSGD` (or AdamW, wrapped in `SpecTrain` in spectrain mode) in every stage (in
   nesterov mode the pipeline gives each stage the Nesterov form of it instead:
@@ -145,6 +149,7 @@ def build_trainer(
     run_eagerly=False,
     memory_limit=None,
     accumulate=None,
+    across_hosts=False,
 ):
     """Builds and compiles the trainer of `mode` on `devices`.
 
@@ -181,9 +186,12 @@ def build_trainer(
             (bytes, or a size such as "16GiB"); only cuts whose stages fit are planned.
         accumulate: mode `"2bw"`: mini-batches per update, an int >= the number of stages,
             or None for that number (`PipelineModel`); None in every other mode.
+        across_hosts: mode `"dp"` on workers' devices (`--cluster`): the pipeline's
+            replicas of one stage, a mode `"sync"` `PipelineModel` (see the module).
 
     Returns:
-        The compiled `keras.Model` for `single` and `dp`, else the compiled `PipelineModel`.
+        The compiled `keras.Model` for `single` and `dp`, else (`dp` across hosts too) the
+        compiled `PipelineModel`.
 
     Raises:
         ValueError: for an unknown mode, optimizer or precision, an optimizer mode
@@ -208,6 +216,8 @@ def build_trainer(
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss is None else loss
     settings = dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
     settings = dict(settings, name=optimizer)
+    if mode == "dp" and across_hosts:
+        mode, cuts, replicas = "sync", [], len(devices)
     if mode in modes.BASELINES:
         scope = (
             tf.distribute.MirroredStrategy(devices).scope()

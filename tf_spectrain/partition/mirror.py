@@ -24,14 +24,12 @@ with it (local work). BatchNorm statistics averaged over replicas are not this m
 business (`runtime.replicas.average_non_trainable`).
 """
 
+import types
 import weakref
 
 import numpy as np
 
 from tf_spectrain.partition.placement import copy_weights
-
-_WRITES = ("assign", "assign_add", "assign_sub")
-_WATCHERS = "_tf_spectrain_watchers"  # a watched variable's [(weakref(mirror), index)]
 
 
 def _values(variables):
@@ -43,29 +41,55 @@ def _same(a, b):
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
 
 
+# id(variable) -> (weakref to it, [(weakref to a mirror, index)]): who hears of its writes.
+# Keyed by id (Keras variables are not hashable) and checked against the weakref; the hooks
+# are bound methods that look here, so a copy of a watched variable (`copy.deepcopy`, as
+# `layer_copy` makes for a stage) gets hooks bound to itself, which nobody watches.
+_WATCHED = {}
+
+
 def _watch(variable, mirror, index):
-    """Makes the variable's writes (`_WRITES`) tell `mirror` that weight `index` changed."""
-    watchers = variable.__dict__.get(_WATCHERS)
-    if watchers is None:
-        watchers = []
-        setattr(variable, _WATCHERS, watchers)
-        for name in _WRITES:
-            setattr(variable, name, _noting(variable, getattr(type(variable), name), watchers))
-    watchers.append((weakref.ref(mirror), index))
+    """Makes the variable's `assign`, `assign_add` and `assign_sub` tell `mirror` that weight
+    `index` changed."""
+    key = id(variable)
+    entry = _WATCHED.get(key)
+    if entry is None or entry[0]() is not variable:
+        entry = _WATCHED[key] = (weakref.ref(variable, lambda _, key=key: _WATCHED.pop(key, None)),
+                                 [])
+        for name, write in _HOOKS.items():
+            setattr(variable, name, types.MethodType(write, variable))
+    entry[1].append((weakref.ref(mirror), index))
 
 
-def _noting(variable, method, watchers):
-    """`method` of `variable` that first notes the write in every live watcher."""
-    def write(*args, **kwargs):
-        for ref, index in list(watchers):
-            mirror = ref()
-            if mirror is None:
-                watchers.remove((ref, index))
-            else:
-                mirror.note_write(index)
-        return method(variable, *args, **kwargs)
+def _tell(variable):
+    """Tells the live mirrors watching `variable` that it was written."""
+    entry = _WATCHED.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return
+    for ref, index in list(entry[1]):
+        mirror = ref()
+        if mirror is None:
+            entry[1].remove((ref, index))
+        else:
+            mirror.note_write(index)
 
-    return write
+
+def _assign(variable, *args, **kwargs):
+    _tell(variable)
+    return type(variable).assign(variable, *args, **kwargs)
+
+
+def _assign_add(variable, *args, **kwargs):
+    _tell(variable)
+    return type(variable).assign_add(variable, *args, **kwargs)
+
+
+def _assign_sub(variable, *args, **kwargs):
+    _tell(variable)
+    return type(variable).assign_sub(variable, *args, **kwargs)
+
+
+_HOOKS = {"assign": _assign, "assign_add": _assign_add, "assign_sub": _assign_sub}
 
 
 def _assign_quietly(variable, value):
@@ -91,7 +115,7 @@ class WeightMirror:
                         for stages in self._replica_stages]
         self._agreed = None  # the model's values when the sides last agreed; None: never
         self._behind = False  # the stages moved on since
-        self._written_now = set()  # weights written through `_WRITES` since they agreed
+        self._written_now = set()  # weights written through the hooks since they agreed
         for index, variable in enumerate(self._model):
             _watch(variable, self, index)
 

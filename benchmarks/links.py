@@ -1,0 +1,236 @@
+"""The paper's headline on emulated hosts: a pipeline against data parallelism on shaped links.
+
+    python -m benchmarks.links                                # VGG16, 2 hosts, 4 rates, 3 rounds
+    python -m benchmarks.links --rates 100mbit --configs dp,stash --rounds 1
+    python -m benchmarks.links --quick                        # small_cnn, 1 round: a smoke run
+
+Each host is a network namespace (`benchmarks.emulated_hosts`) running one
+`python -m tf_spectrain.app.worker` with one intra-op thread, pinned to a core of its own
+(host h on core h modulo the cores); the trainer runs in a namespace of its own
+(`--hosts` + 1 namespaces), joined to the workers at the address its route leaves from
+(`tf_spectrain.cluster.reach`). Every link, the trainer's too, is shaped to the rate both
+ways (`tc ... tbf`). Configurations:
+
+- `dp`: `train.py --mode dp` over the cluster: a copy of the model per worker, each
+  mini-batch split across them, the gradients summed before every update;
+- `sync`, `stash`, `spectrain`: a pipeline of one stage per worker, cut at `CUTS`
+  (`sync` with `--micro-batches 4`), `spectrain` with the paper's target;
+- `alone`: the model on one core in one process, no network (`single` mode): one host.
+
+Every measurement is a fresh set of namespaces, workers and trainer. The trainer fits
+`--epochs` epochs of `--steps` mini-batches of synthetic images (the first epoch builds
+the graphs) and reports the median of the later epochs as images/s, and the bytes every
+switch port carried during them per mini-batch (the veth counters of the switch's ports,
+both directions, all hosts). Configurations alternate within a round, rates in the outer
+loop; records go to `--out-jsonl` as they come, and the table gives medians over rounds.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks import common, emulated_hosts
+
+CONFIGS = ("alone", "dp", "sync", "stash", "spectrain")
+CUTS = {"vgg16": ["block3_relu2"], "small_cnn": ["pool1"]}
+PORT = 2222
+START_TIMEOUT = 120.0
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.links",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="vgg16", choices=sorted(CUTS))
+    p.add_argument("--hosts", type=common.positive_int, default=2)
+    p.add_argument("--rates", type=common.csv_of(str), default=["unshaped", "1gbit", "200mbit",
+                                                                "50mbit"])
+    p.add_argument("--configs", type=common.csv_of(str, CONFIGS), default=list(CONFIGS))
+    p.add_argument("--batch-size", type=common.positive_int, default=64)
+    p.add_argument("--steps", type=common.positive_int, default=24)
+    p.add_argument("--epochs", type=common.positive_int, default=3)
+    p.add_argument("--rounds", type=common.positive_int, default=3)
+    p.add_argument("--quick", action="store_true", help="small_cnn, 1 round, short epochs")
+    p.add_argument("--out", help="also write the table to this file")
+    p.add_argument("--out-jsonl", default="docs/data/issue40/links.jsonl")
+    p.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--cluster", help=argparse.SUPPRESS)
+    p.add_argument("--switch", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for rate in args.rates:
+        emulated_hosts.rate_bits(rate)
+    if args.quick:
+        args.model, args.rounds, args.steps, args.epochs = "small_cnn", 1, 6, 2
+    return args
+
+
+# --- the trainer (a child process in the trainer's namespace, or alone) ---------------------
+
+def port_bytes(switch):
+    """Bytes the switch's ports carried so far, both directions summed over ports."""
+    done = subprocess.run(["ip", "netns", "exec", switch, "ip", "-s", "-j", "link", "show"],
+                          capture_output=True, text=True, check=True)
+    total = 0
+    for link in json.loads(done.stdout):
+        if link["ifname"].startswith("p"):
+            stats = link["stats64"]
+            total += stats["rx"]["bytes"] + stats["tx"]["bytes"]
+    return total
+
+
+def child(args):
+    """Trains one configuration; prints one JSON line."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tensorflow as tf
+
+    import tf_spectrain
+    from tf_spectrain.app import trainers
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    if args.child == "alone":
+        devices = common.prepare_tensorflow(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    else:
+        devices = tf_spectrain.connect_cluster(args.cluster, devices_per_worker=1, timeout=60)
+    mode = {"alone": "single", "spectrain": "spectrain"}.get(args.child, args.child)
+    settings = {"sync": dict(micro_batches=4), "spectrain": dict(spectrain_target="paper")}
+
+    def build():
+        keras.utils.set_random_seed(0)
+        return tf_spectrain.models.get_model(args.model, common.INPUT_SHAPE, common.NUM_CLASSES)
+
+    trainer = trainers.build_trainer(
+        build, mode, devices, learning_rate=0.01, cuts=CUTS[args.model],
+        batch_size=args.batch_size, across_hosts=args.child == "dp",
+        **settings.get(args.child, {}))
+    data = common.synthetic_images(args.batch_size, args.steps)
+    marks = {}
+
+    class Clock(keras.callbacks.Callback):
+        reads_model_weights = False
+
+        def on_epoch_begin(self, epoch, logs=None):
+            marks.setdefault("begin", {})[epoch] = (time.perf_counter(), time.process_time(),
+                                                     args.switch and port_bytes(args.switch))
+
+        def on_epoch_end(self, epoch, logs=None):
+            marks.setdefault("end", {})[epoch] = (time.perf_counter(), time.process_time(),
+                                                   args.switch and port_bytes(args.switch))
+
+    started = time.perf_counter()
+    trainer.fit(data, epochs=args.epochs, verbose=0, callbacks=[Clock()])
+    total = time.perf_counter() - started
+    later = range(1, args.epochs)
+    seconds = [marks["end"][e][0] - marks["begin"][e][0] for e in later]
+    cpu = [marks["end"][e][1] - marks["begin"][e][1] for e in later]
+    moved = ([marks["end"][e][2] - marks["begin"][e][2] for e in later]
+             if args.switch else [0 for _ in later])
+    epoch = statistics.median(seconds)
+    print(json.dumps({
+        "images_per_s": args.batch_size * args.steps / epoch, "epoch_s": seconds,
+        "first_epoch_s": marks["end"][0][0] - marks["begin"][0][0], "fit_s": total,
+        "trainer_cpu_per_wall": statistics.median(c / s for c, s in zip(cpu, seconds)),
+        "bytes_per_batch": statistics.median(moved) / args.steps,
+    }))
+
+
+# --- the parent: namespaces, workers, records ------------------------------------------------
+
+def _env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+                TF_NUM_INTRAOP_THREADS="1")
+
+
+def _child_args(args, config):
+    return ["--child", config, "--model", args.model, "--batch-size", str(args.batch_size),
+            "--steps", str(args.steps), "--epochs", str(args.epochs)]
+
+
+def measure(args, config, rate):
+    """One measurement of `config` at `rate`: a record dict."""
+    cores = os.cpu_count() or 1
+    record = dict(config=config, rate=rate, model=args.model, hosts=args.hosts,
+                  batch_size=args.batch_size, steps=args.steps, epochs=args.epochs)
+    if config == "alone":
+        cmd, env = common.child_command("benchmarks.links", _child_args(args, config), _env())
+        out = subprocess.run(["taskset", "-c", "0", *cmd], capture_output=True, text=True,
+                             env=env, timeout=3600, check=False)
+        return _record(record, out)
+    with emulated_hosts.EmulatedHosts(args.hosts + 1, rate) as hosts:
+        cluster = ",".join(f"{hosts.address(h)}:{PORT}" for h in range(args.hosts))
+        workers = [hosts.popen(h, [sys.executable, "-m", "tf_spectrain.app.worker", "--cluster",
+                                   cluster, "--task", str(h), "--bind-all"], core=h % cores,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=_env(), cwd=common.ROOT) for h in range(args.hosts)]
+        for worker in workers:
+            if not any(line.startswith("tf_spectrain worker: ") for line in worker.stdout):
+                raise RuntimeError(f"a worker did not start (exit {worker.wait()})")
+        cmd, env = common.child_command(
+            "benchmarks.links",
+            _child_args(args, config) + ["--cluster", cluster, "--switch", hosts.switch], _env())
+        out = hosts.run(args.hosts, cmd, timeout=3600, env=env, cwd=common.ROOT)
+    return _record(record, out)
+
+
+def _record(record, out):
+    if out.returncode != 0:
+        raise RuntimeError(f"{record['config']} at {record['rate']} failed:\n"
+                           f"{out.stderr[-3000:]}")
+    return dict(record, **json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def table(records, args):
+    """The markdown table: images/s per config and rate, speed-up over dp, bytes."""
+    header = ["link"] + [f"{c} images/s" for c in args.configs] + [
+        f"{c} / dp" for c in args.configs if c not in ("dp", "alone") and "dp" in args.configs
+    ] + [f"{c} MB per mini-batch" for c in args.configs if c != "alone"]
+    rows = []
+    for rate in args.rates:
+        cell = {c: [r for r in records if r["config"] == c and r["rate"] == rate]
+                for c in args.configs}
+        speed = {c: [r["images_per_s"] for r in rs] for c, rs in cell.items()}
+        row = [rate] + [common.spread(speed[c], ".1f") if speed[c] else "-" for c in args.configs]
+        for c in args.configs:
+            if c in ("dp", "alone") or "dp" not in args.configs:
+                continue
+            ratios = [a / b for a, b in zip(speed[c], speed["dp"])]
+            row.append(common.spread(ratios, ".2f") + "x" if ratios else "-")
+        for c in args.configs:
+            if c != "alone":
+                moved = [r["bytes_per_batch"] / 1e6 for r in cell[c]]
+                row.append(common.spread(moved, ".1f") if moved else "-")
+        rows.append(row)
+    return common.markdown_table(header, rows)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return 0
+    emulated_hosts.check_available()
+    records = []
+    for round_ in range(args.rounds):
+        for rate in args.rates:
+            order = args.configs if round_ % 2 == 0 else list(reversed(args.configs))
+            for config in order:
+                if config == "alone" and rate != args.rates[0]:
+                    continue  # no network: once per round
+                record = dict(measure(args, config, rate), round=round_)
+                if config == "alone":
+                    records += [dict(record, rate=r) for r in args.rates]
+                else:
+                    records.append(record)
+                common.append_jsonl(args.out_jsonl, record)
+                print(f"round {round_} {rate} {config}: {record['images_per_s']:.1f} images/s, "
+                      f"{record['bytes_per_batch'] / 1e6:.1f} MB per mini-batch", flush=True)
+    common.publish(table(records, args), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
