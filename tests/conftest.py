@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 
 import pytest
@@ -31,6 +32,7 @@ with warnings.catch_warnings():
 import tensorflow as tf  # noqa: E402
 
 assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
+gc.freeze()  # TensorFlow's and Keras' objects: see "garbage off the main thread" below
 
 # --- two workers (pytest-xdist), and tests that need the machine to themselves -----------
 #
@@ -102,18 +104,27 @@ def pytest_runtest_protocol(item, nextitem):
 # autotuner's next run (up to a minute; tf_spectrain.workflow.iterators). Keras' reference runs
 # in the tests leave their iterators in reference cycles, and the next garbage collection
 # deletes them in whichever test starts it: py-spy caught tests idle 20-60 s in
-# `~LogicalThreadWrapper` under a collection started by an unrelated allocation. So each
-# test's garbage is collected on a daemon thread after it. While that collection runs,
-# Python's others return at once: a test that needs garbage gone calls `collect_garbage`.
+# `~LogicalThreadWrapper` under a collection started by an unrelated allocation. So the tests'
+# garbage is collected on a daemon thread between tests, every few seconds, and what the
+# imports made is frozen out of collections (`gc.freeze`: a full one then takes
+# milliseconds instead of 0.2 s). While that collection runs, Python's others return at
+# once: a test that needs garbage gone calls `collect_garbage`.
 
 
 _COLLECTIONS = []  # the daemon threads started below, until `collect_garbage` joins them
+_EVERY_SECONDS = 5.0  # a full collection costs 0.2 s or more: at most one in this time
+_last = [0.0]
 
 
 @pytest.fixture(autouse=True)
 def _garbage_collected_off_the_main_thread():
-    """After each test, collects garbage on a daemon thread (see above)."""
+    """After a test, collects garbage on a daemon thread (see above), unless one ran in the
+    last `_EVERY_SECONDS` or still runs."""
     yield
+    now = time.monotonic()
+    if now - _last[0] < _EVERY_SECONDS or any(t.is_alive() for t in _COLLECTIONS):
+        return
+    _last[0] = now
     thread = threading.Thread(target=gc.collect, name="tests-gc", daemon=True)
     thread.start()
     _COLLECTIONS.append(thread)

@@ -38,7 +38,7 @@ CLUSTER = "127.0.0.1:2222,127.0.0.1:2223"
     ],
 )
 def test_a_cluster_run_has_workers_times_gpus_per_host_stages(settings, stages):
-    config = RunConfig(model="mlp", mode="sync", **settings)
+    config = RunConfig(**dict(dict(model="mlp", mode="sync"), **settings))
     assert config.gpus is None and config.num_devices == stages
     assert config.trainer_cluster.workers == ("127.0.0.1:2222", "127.0.0.1:2223")
 
