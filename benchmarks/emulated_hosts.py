@@ -124,14 +124,17 @@ class EmulatedHosts:
         count: the number of hosts (2 to 250).
         rate: `"100mbit"`, `"1gbit"`, ... or None/`"unshaped"`.
         net: the second byte of the hosts' addresses (`10.<net>.0.<h+1>`).
+        sysctls: `{name: value}` set in every host's namespace (`sysctl -w`), e.g.
+            `{"net.ipv4.tcp_slow_start_after_idle": "0"}`.
 
     Use as a context manager: entering creates and checks everything, leaving removes it.
     """
 
-    def __init__(self, count, rate=None, net=213):
+    def __init__(self, count, rate=None, net=213, sysctls=None):
         if not isinstance(count, int) or not 2 <= count <= 250:
             raise ValueError(f"`count` must be an int in [2, 250]. Received: count={count!r}")
         self.count, self.rate, self.net = count, rate, net
+        self.sysctls = dict(sysctls or {})
         self.bits = rate_bits(rate)
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
@@ -173,6 +176,8 @@ class EmulatedHosts:
             self._ns(name, "ip", "link", "set", "lo", "up")
             self._ns(name, "ip", "addr", "add", f"{self.address(h)}/24", "dev", "eth0")
             self._ns(name, "ip", "link", "set", "eth0", "up")
+            for key, value in self.sysctls.items():
+                self._ns(name, "sysctl", "-q", "-w", f"{key}={value}")
             if self.bits is not None:
                 self._shape(name, "eth0")
                 self._shape(self.switch, port)

@@ -20,9 +20,9 @@ ways (`tc ... tbf`). Configurations:
 Every measurement is a fresh set of namespaces, workers and trainer. The trainer fits
 `--epochs` epochs of `--steps` mini-batches of synthetic images (the first epoch builds
 the graphs) and reports the median of the later epochs as images/s, and the bytes every
-switch port carried during them per mini-batch (the veth counters of the switch's ports,
-both directions, all hosts). Configurations alternate within a round, rates in the outer
-loop; records go to `--out-jsonl` as they come, and the table gives medians over rounds.
+host sent during them per mini-batch (what the switch's ports received, all hosts).
+Configurations alternate within a round, rates in the outer loop; records go to
+`--out-jsonl` as they come, and the table gives medians over rounds.
 """
 
 import argparse
@@ -54,6 +54,9 @@ def parse_args(argv):
     p.add_argument("--epochs", type=common.positive_int, default=3)
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--quick", action="store_true", help="small_cnn, 1 round, short epochs")
+    p.add_argument("--slow-start-after-idle", choices=("on", "off"), default="on",
+                   help="TCP's restart from a small window after an idle moment (Linux's "
+                   "default: on), in every host")
     p.add_argument("--out", help="also write the table to this file")
     p.add_argument("--out-jsonl", default="docs/data/issue40/links.jsonl")
     p.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
@@ -70,14 +73,15 @@ def parse_args(argv):
 # --- the trainer (a child process in the trainer's namespace, or alone) ---------------------
 
 def port_bytes(switch):
-    """Bytes the switch's ports carried so far, both directions summed over ports."""
+    """Bytes the hosts have sent so far: what the switch's ports received, summed (each byte
+    also leaves by another port: counted once)."""
     done = subprocess.run(["ip", "netns", "exec", switch, "ip", "-s", "-j", "link", "show"],
                           capture_output=True, text=True, check=True)
     total = 0
     for link in json.loads(done.stdout):
         if link["ifname"].startswith("p"):
             stats = link["stats64"]
-            total += stats["rx"]["bytes"] + stats["tx"]["bytes"]
+            total += stats["rx"]["bytes"]
     return total
 
 
@@ -154,13 +158,16 @@ def measure(args, config, rate):
     """One measurement of `config` at `rate`: a record dict."""
     cores = os.cpu_count() or 1
     record = dict(config=config, rate=rate, model=args.model, hosts=args.hosts,
-                  batch_size=args.batch_size, steps=args.steps, epochs=args.epochs)
+                  batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
+                  slow_start_after_idle=args.slow_start_after_idle, bytes_counted="sent")
     if config == "alone":
         cmd, env = common.child_command("benchmarks.links", _child_args(args, config), _env())
         out = subprocess.run(["taskset", "-c", "0", *cmd], capture_output=True, text=True,
                              env=env, timeout=3600, check=False)
         return _record(record, out)
-    with emulated_hosts.EmulatedHosts(args.hosts + 1, rate) as hosts:
+    sysctls = {"net.ipv4.tcp_slow_start_after_idle": "1" if args.slow_start_after_idle == "on"
+               else "0"}
+    with emulated_hosts.EmulatedHosts(args.hosts + 1, rate, sysctls=sysctls) as hosts:
         cluster = ",".join(f"{hosts.address(h)}:{PORT}" for h in range(args.hosts))
         workers = [hosts.popen(h, [sys.executable, "-m", "tf_spectrain.app.worker", "--cluster",
                                    cluster, "--task", str(h), "--bind-all"], core=h % cores,
