@@ -205,7 +205,7 @@ def table(records, args):
             if c in ("dp", "alone") or "dp" not in args.configs:
                 continue
             ratios = [a / b for a, b in zip(speed[c], speed["dp"])]
-            row.append(common.spread(ratios, ".2f") + "x" if ratios else "-")
+            row.append(common.spread(ratios, ".2f") if ratios else "-")
         for c in args.configs:
             if c != "alone":
                 moved = [r["bytes_per_batch"] / 1e6 for r in cell[c]]

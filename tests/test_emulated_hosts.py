@@ -160,3 +160,27 @@ def test_an_unreachable_worker_host_is_named():
     with pytest.raises(ConnectionError, match=r"task 1 \(no-such-host.invalid:2222\) cannot "
                        "be reached from this host"):
         reach.trainer_address(cluster)
+
+
+def test_the_links_table_gives_each_pipeline_over_dp_per_round_and_rate():
+    from benchmarks import links
+
+    args = links.parse_args(["--rates", "unshaped,100mbit", "--configs", "alone,dp,stash"])
+    records = [
+        dict(config="alone", rate=r, images_per_s=50.0, bytes_per_batch=0) for r in args.rates
+    ] + [
+        dict(config="dp", rate="100mbit", images_per_s=10.0, bytes_per_batch=123e6),
+        dict(config="stash", rate="100mbit", images_per_s=30.0, bytes_per_batch=12e6),
+        dict(config="dp", rate="100mbit", images_per_s=12.0, bytes_per_batch=123e6),
+        dict(config="stash", rate="100mbit", images_per_s=48.0, bytes_per_batch=12e6),
+    ]
+    rows = links.table(records, args).splitlines()
+    assert rows[0].split(" | ")[-3:] == ["stash / dp", "dp MB per mini-batch",
+                                        "stash MB per mini-batch |"]
+    cells = [c.strip() for c in rows[3].strip("|").split("|")]
+    # Ratios per round (3.0 and 4.0), then their median and range; not a ratio of medians.
+    assert cells == ["100mbit", "50.0", "11.0 (10.0-12.0)", "39.0 (30.0-48.0)",
+                     "3.50 (3.00-4.00)", "123.0 (123.0-123.0)", "12.0 (12.0-12.0)"]
+    assert [c.strip() for c in rows[2].strip("|").split("|")][1:3] == ["50.0", "-"]
+    with pytest.raises(ValueError, match="Received: '100mb'"):
+        links.parse_args(["--rates", "100mb"])
