@@ -168,7 +168,7 @@ def prepare(config):
         device_names = connect_cluster(config.trainer_cluster,
                                        devices_per_worker=config.gpus_per_host or 1,
                                        trainer_address=config.trainer_address)
-        job, address = trainer_job()
+        _, address = trainer_job()
         served = f" (the trainer served at {address})" if address else ""
         print(f"connected to {config.trainer_cluster.num_workers} workers{served}; stages on "
               f"{', '.join(device_names)}", flush=True)

@@ -7,7 +7,8 @@ of K mini-batches, one graph call each (`runtime.window_epoch.WindowedEpoch`, re
 each window), as `window_size` decides: pass by pass only under `compile(run_eagerly=True)`
 and for mode 2bw under a dynamic loss scale. The pipeline drains at
 every epoch end; the trained weights are then copied back into the wrapped model before
-`on_epoch_end`.
+`on_epoch_end` when a callback may read them (`keras_fit.may_read_weights`), and at the
+end of `fit` (`partition.mirror`: no weights cross to other hosts otherwise).
 """
 
 import contextlib
