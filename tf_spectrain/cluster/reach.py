@@ -40,19 +40,22 @@ def _with_port(ip, port):
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+def _family(ip):
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
 def route_source(ip):
     """The address of this host that its route to `ip` leaves from (OSError: no route)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+    with socket.socket(_family(ip), socket.SOCK_DGRAM) as probe:
         probe.connect((ip, 9))  # a UDP connect only picks the route: nothing is sent
         return probe.getsockname()[0]
 
 
-def free_port(ip):
-    """A port free on `ip` now (OSError if `ip` is not an address of this host)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((ip, 0))
+def free_port(ip, port=0):
+    """`port` if it is free on `ip` now, or with 0 a free port (OSError if `ip` is not an
+    address of this host or the port is taken)."""
+    with socket.socket(_family(ip), socket.SOCK_STREAM) as probe:
+        probe.bind((ip, port))
         return probe.getsockname()[1]
 
 
@@ -70,10 +73,7 @@ def _given(given):
         raise ValueError(f"{rule}. Received: trainer_address={given!r}")
     try:
         ip = _resolve(host)
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((ip, 0 if port is None else int(port)))
-            return _with_port(ip, probe.getsockname()[1])
+        return _with_port(ip, free_port(ip, 0 if port is None else int(port)))
     except OSError as error:
         raise ValueError(f"{rule}. Received: trainer_address={given!r} ({error})") from None
 
@@ -98,7 +98,7 @@ def trainer_address(cluster, given=None):
     chosen = None if given is None else _given(given)
     outside = {w: ip for w, ip in _sources(cluster).items() if not _is_loopback(ip)}
     if chosen is not None:
-        if outside and _is_loopback(_resolve(addresses.split_address(chosen)[0])):
+        if outside and _is_loopback(_bare(addresses.split_address(chosen)[0])):
             raise ValueError(
                 f"{_FLAG} must be an address the workers reach, and {', '.join(outside)} "
                 f"are on other hosts, so a loopback address is not. Received: "

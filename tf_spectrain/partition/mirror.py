@@ -179,13 +179,8 @@ class WeightMirror:
             if i not in written:
                 _assign_quietly(v, stage_v.value)
                 copied += 1
-        if self._agreed is None:
-            self._agreed = _values(self._model)
-        else:
-            self._push(written)
-            for i, v in enumerate(self._model):
-                if i not in written:
-                    self._agreed[i] = np.array(v.numpy(), copy=True)
+        self._push(written)  # none when the sides never agreed
+        self._agreed = _values(self._model)
         self._behind = False
         self._written_now.clear()
         return copied
