@@ -57,11 +57,18 @@ def parse_args(argv):
     p.add_argument("--slow-start-after-idle", choices=("on", "off"), default="on",
                    help="TCP's restart from a small window after an idle moment (Linux's "
                    "default: on), in every host")
+    p.add_argument("--steps-per-execution", default="auto",
+                   help="the pipelines' `steps_per_execution`: auto, an int, or eager "
+                   "(`run_eagerly`: pass by pass)")
+    p.add_argument("--trace", metavar="DIR", help="also write each pipeline's trace of every "
+                   "epoch there (`PipelineTrace`, pass times: slows windows a little)")
     p.add_argument("--out", help="also write the table to this file")
     p.add_argument("--out-jsonl", default="docs/data/issue40/links.jsonl")
     p.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--trace-file", help=argparse.SUPPRESS)
     p.add_argument("--cluster", help=argparse.SUPPRESS)
     p.add_argument("--switch", help=argparse.SUPPRESS)
+    p.add_argument("--worker-pids", type=common.csv_of(int), default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for rate in args.rates:
         emulated_hosts.rate_bits(rate)
@@ -73,16 +80,31 @@ def parse_args(argv):
 # --- the trainer (a child process in the trainer's namespace, or alone) ---------------------
 
 def port_bytes(switch):
-    """Bytes the hosts have sent so far: what the switch's ports received, summed (each byte
-    also leaves by another port: counted once)."""
+    """Bytes each host has sent and received so far, `{"p<h>": (sent, received)}`: what the
+    switch's port of host h received and sent (a byte two hosts exchange is sent once)."""
     done = subprocess.run(["ip", "netns", "exec", switch, "ip", "-s", "-j", "link", "show"],
                           capture_output=True, text=True, check=True)
-    total = 0
-    for link in json.loads(done.stdout):
-        if link["ifname"].startswith("p"):
-            stats = link["stats64"]
-            total += stats["rx"]["bytes"]
-    return total
+    return {link["ifname"]: (link["stats64"]["rx"]["bytes"], link["stats64"]["tx"]["bytes"])
+            for link in json.loads(done.stdout) if link["ifname"].startswith("p")}
+
+
+def _moved(before, after):
+    """`{"p<h>": [sent, received]}` between two `port_bytes` readings."""
+    return {port: [a - b for a, b in zip(after[port], before[port])] for port in after}
+
+
+def _cpu_seconds(pid):
+    """CPU seconds process `pid` has used (user and system, from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mark(args):
+    """Now: wall and CPU seconds, the hosts' bytes, the workers' CPU seconds."""
+    return (time.perf_counter(), time.process_time(),
+            port_bytes(args.switch) if args.switch else {},
+            [_cpu_seconds(pid) for pid in args.worker_pids])
 
 
 def child(args):
@@ -107,10 +129,14 @@ def child(args):
         keras.utils.set_random_seed(0)
         return tf_spectrain.models.get_model(args.model, common.INPUT_SHAPE, common.NUM_CLASSES)
 
+    spe = args.steps_per_execution
+    pipeline = {} if args.child in ("alone", "dp") else dict(
+        run_eagerly=spe == "eager", steps_per_execution="auto" if spe in ("auto", "eager")
+        else int(spe))
     trainer = trainers.build_trainer(
         build, mode, devices, learning_rate=0.01, cuts=CUTS[args.model],
         batch_size=args.batch_size, across_hosts=args.child == "dp",
-        **settings.get(args.child, {}))
+        **settings.get(args.child, {}), **pipeline)
     data = common.synthetic_images(args.batch_size, args.steps)
     marks = {}
 
@@ -118,27 +144,34 @@ def child(args):
         reads_model_weights = False
 
         def on_epoch_begin(self, epoch, logs=None):
-            marks.setdefault("begin", {})[epoch] = (time.perf_counter(), time.process_time(),
-                                                     args.switch and port_bytes(args.switch))
+            marks.setdefault("begin", {})[epoch] = _mark(args)
 
         def on_epoch_end(self, epoch, logs=None):
-            marks.setdefault("end", {})[epoch] = (time.perf_counter(), time.process_time(),
-                                                   args.switch and port_bytes(args.switch))
+            marks.setdefault("end", {})[epoch] = _mark(args)
 
+    callbacks = [Clock()]
+    if args.trace_file and args.child not in ("alone", "dp"):
+        callbacks.append(tf_spectrain.callbacks.PipelineTrace(args.trace_file, pass_times=True))
     started = time.perf_counter()
-    trainer.fit(data, epochs=args.epochs, verbose=0, callbacks=[Clock()])
+    trainer.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
     total = time.perf_counter() - started
     later = range(1, args.epochs)
     seconds = [marks["end"][e][0] - marks["begin"][e][0] for e in later]
     cpu = [marks["end"][e][1] - marks["begin"][e][1] for e in later]
-    moved = ([marks["end"][e][2] - marks["begin"][e][2] for e in later]
-             if args.switch else [0 for _ in later])
+    moved = [_moved(marks["begin"][e][2], marks["end"][e][2]) for e in later]
     epoch = statistics.median(seconds)
+    mid = sorted(range(len(seconds)), key=seconds.__getitem__)[len(seconds) // 2]
     print(json.dumps({
         "images_per_s": args.batch_size * args.steps / epoch, "epoch_s": seconds,
         "first_epoch_s": marks["end"][0][0] - marks["begin"][0][0], "fit_s": total,
         "trainer_cpu_per_wall": statistics.median(c / s for c, s in zip(cpu, seconds)),
-        "bytes_per_batch": statistics.median(moved) / args.steps,
+        "bytes_per_batch": statistics.median(
+            sum(sent for sent, _ in m.values()) for m in moved) / args.steps,
+        "host_bytes_per_batch": {  # host h: [sent, received], in the median epoch
+            f"h{port[1:]}": [b / args.steps for b in moved[mid][port]] for port in moved[mid]},
+        "worker_cpu_per_wall": [  # each worker's, in the median epoch
+            (marks["end"][mid + 1][3][w] - marks["begin"][mid + 1][3][w]) / seconds[mid]
+            for w in range(len(args.worker_pids))],
     }))
 
 
@@ -151,15 +184,17 @@ def _env():
 
 def _child_args(args, config):
     return ["--child", config, "--model", args.model, "--batch-size", str(args.batch_size),
-            "--steps", str(args.steps), "--epochs", str(args.epochs)]
+            "--steps", str(args.steps), "--epochs", str(args.epochs),
+            "--steps-per-execution", args.steps_per_execution]
 
 
-def measure(args, config, rate):
+def measure(args, config, rate, round_=0):
     """One measurement of `config` at `rate`: a record dict."""
     cores = os.cpu_count() or 1
     record = dict(config=config, rate=rate, model=args.model, hosts=args.hosts,
                   batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
-                  slow_start_after_idle=args.slow_start_after_idle, bytes_counted="sent")
+                  slow_start_after_idle=args.slow_start_after_idle, bytes_counted="sent",
+                  steps_per_execution=args.steps_per_execution)
     if config == "alone":
         cmd, env = common.child_command("benchmarks.links", _child_args(args, config), _env())
         out = subprocess.run(["taskset", "-c", "0", *cmd], capture_output=True, text=True,
@@ -167,6 +202,9 @@ def measure(args, config, rate):
         return _record(record, out)
     sysctls = {"net.ipv4.tcp_slow_start_after_idle": "1" if args.slow_start_after_idle == "on"
                else "0"}
+    traced = [] if not args.trace else [
+        "--trace-file", os.path.abspath(os.path.join(args.trace, f"{config}-{rate}-r{round_}-"
+                                                     "epoch{epoch}.json"))]
     with emulated_hosts.EmulatedHosts(args.hosts + 1, rate, sysctls=sysctls) as hosts:
         cluster = ",".join(f"{hosts.address(h)}:{PORT}" for h in range(args.hosts))
         workers = [hosts.popen(h, [sys.executable, "-m", "tf_spectrain.app.worker", "--cluster",
@@ -178,7 +216,9 @@ def measure(args, config, rate):
                 raise RuntimeError(f"a worker did not start (exit {worker.wait()})")
         cmd, env = common.child_command(
             "benchmarks.links",
-            _child_args(args, config) + ["--cluster", cluster, "--switch", hosts.switch], _env())
+            _child_args(args, config) + traced + [
+                "--cluster", cluster, "--switch", hosts.switch,
+                "--worker-pids", ",".join(str(w.pid) for w in workers)], _env())
         out = hosts.run(args.hosts, cmd, timeout=3600, env=env, cwd=common.ROOT)
     return _record(record, out)
 
@@ -227,7 +267,7 @@ def main(argv=None):
             for config in order:
                 if config == "alone" and rate != args.rates[0]:
                     continue  # no network: once per round
-                record = dict(measure(args, config, rate), round=round_)
+                record = dict(measure(args, config, rate, round_), round=round_)
                 if config == "alone":
                     records += [dict(record, rate=r) for r in args.rates]
                 else:

@@ -18,6 +18,7 @@ from tf_spectrain.app.config import RunConfig, as_run_config
 from tf_spectrain.callbacks import PipelineCheckpoint
 from tf_spectrain.checkpoint import layout
 from tf_spectrain.cluster import connect_cluster, trainer_job
+from tf_spectrain.cluster.health import task_of
 from tf_spectrain.pipeline_model import PipelineModel
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
@@ -303,20 +304,25 @@ def _resume_note(run):
 def graph_calls(setting, run_eagerly, device_names):
     """`(steps_per_execution, run_eagerly)` for the trainer, from `--steps-per-execution`
     and `--run-eagerly`: "auto" runs windows (`compile`'s "auto") where a stage is an
-    accelerator, and pass by pass (`run_eagerly=True`) on a CPU-only machine.
+    accelerator or on a worker (`--cluster`), and pass by pass (`run_eagerly=True`) on a
+    CPU-only machine.
 
     On an accelerator a pass computes for about a millisecond, and the runtime's cost per
     pass outside windows (milliseconds, RESULTS.md section 14) decides the speed. On a CPU a
     VGG16 stage's pass computes for tens of milliseconds, and pass by pass is the fastest
     there: the main command's whole run took 113-118 s pass by pass against 129-149 s in
     windows of one (whose stages recompute each forward) and 139 s in windows of 8 (which
-    build their graphs; RESULTS.md section 17).
+    build their graphs; RESULTS.md section 17). Across hosts, pass by pass moves more than
+    activations: a pass called from the trainer under a GradientTape returns what its
+    backward needs (the stage's weights read, its layers' activations) by way of the
+    trainer, so VGG16's last stage sent 61 MB per mini-batch where windows send 4 MB
+    (RESULTS.md section 18).
     """
     if run_eagerly:
         return setting, True
     accelerators = any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
                        for d in device_names)
-    if setting != "auto" or accelerators:
+    if setting != "auto" or accelerators or any(task_of(d) is not None for d in device_names):
         return setting, False
     return 1, True
 

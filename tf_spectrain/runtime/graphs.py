@@ -45,7 +45,8 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None, sep
         jit_compile: compile the function with XLA (passed to `tf.function`).
 
     Without autograph, a trace of the function stops the stall clock of the run whose
-    thread traces it (`runtime.stall.tracing`): tracing a large stage is no hang.
+    thread traces it (`runtime.stall.tracing`): tracing a large stage is no hang; and each
+    output stays on the device it is computed on (`outputs_stay_put`).
 
     Returns:
         The `tf.function`.
@@ -58,7 +59,9 @@ def graph_function(method, reduce_retracing=True, autograph=True, name=None, sep
             if autograph:  # autograph would convert the context manager too
                 return original(*args, **kwargs)
             with stall.tracing():  # this Python runs only while tracing
-                return original(*args, **kwargs)
+                outputs = original(*args, **kwargs)
+                outputs_stay_put()
+                return outputs
 
         if name is not None:
             named.__name__ = named.__qualname__ = name
@@ -106,6 +109,31 @@ class FlatCalls:
         if isinstance(prepared, tf.types.experimental.ConcreteFunction):
             return prepared._call_flat(inputs, prepared.captured_inputs)  # noqa: SLF001
         return prepared(*inputs)
+
+
+def outputs_stay_put():
+    """Called last in a traced function's body (`graph_function` does, without autograph):
+    each output stays on the device it was computed on.
+
+    `tf.function` passes every output through an Identity op that it makes after the body
+    returns, outside any `tf.device` scope, with control inputs from the function's
+    stateful ops (so TensorFlow's placer does not put it beside its input): such an op
+    runs on the caller's device. Across hosts, what a window graph hands to the next (a
+    stage's stashed weights, the activations in flight) and a stage pass called outside
+    its device's scope (`runtime.stage`) returns would travel from its worker to the
+    trainer and back. This puts, for the rest of the trace, an Identity op of no device
+    on its input's device (a device function at the bottom of the graph's device stack:
+    `tf.device` scopes still win).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    graph._add_device_to_stack(_beside_its_input)  # noqa: SLF001 (no public way)
+
+
+def _beside_its_input(op):
+    """Device function: an Identity op of no device goes where its input is."""
+    if not op.device and op.type == "Identity" and op.inputs:
+        return op.inputs[0].device
+    return op.device
 
 
 def _structure(x):

@@ -20,6 +20,7 @@ from tf_spectrain.runtime.graphs import unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
 from tf_spectrain.runtime.window_errors import failed_op
 from tf_spectrain.runtime.window_functions import window_keeps
+from tf_spectrain.runtime.window_graph import hand_on
 from tf_spectrain.runtime.window_probes import WindowProbes, probe_sample_name
 from tf_spectrain.runtime.window_watch import WindowWatch
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE, modes
@@ -164,7 +165,7 @@ class WindowedEpoch:
                 self._rates.pop(op.batch, None)
         with self.watch.progress.paused():
             on_window(window, outputs["losses"])
-        return outputs["carried"]
+        return hand_on(outputs["carried"], notes, carried)
 
     def applies(self, i):
         """Whether U(i) applies the stage's gradient (`modes.applies_update`; mode 2bw holds
@@ -252,7 +253,7 @@ class WindowedEpoch:
         for index, event in firsts.items():
             runners[index].events.append(event)
         for note in notes:
-            if note[0] in ("timed", "probe"):
+            if note[0] in ("timed", "probe", "through"):
                 continue
             if note[0] == "kept":
                 _, index, (i, j), per_example, fixed, weights, tape = note

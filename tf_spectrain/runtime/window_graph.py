@@ -56,6 +56,20 @@ def decode(name, base):
     return (kind, *numbers)
 
 
+def hand_on(returned, notes, carried):
+    """What a window hands to the next: its `returned` carried values with the tensors that
+    came in `carried` and go on as they are put back (the notes' `"through"`)."""
+    handed = dict(returned)
+    for note in notes:
+        if note[0] == "through":
+            _, name, given = note
+            leaves = tf.nest.flatten(handed[name])
+            leaves = [t if g is None else tf.nest.flatten(carried[g[0]])[g[1]]
+                      for g, t in zip(given, leaves)]
+            handed[name] = tf.nest.pack_sequence_as(handed[name], leaves)
+    return handed
+
+
 def _per_example_bytes(tensors):
     """The bytes of one example of `tensors` (their static shapes past the batch axis)."""
     total = 0
@@ -93,13 +107,18 @@ class WindowEmitter:
         self.rates = rates
         self.applies = applies
         self.live = {decode(name, self.base): value for name, value in carried.items()}
+        self._given = {id(t): (name, index)  # each carried-in tensor: where it came in
+                       for name, value in carried.items()
+                       for index, t in enumerate(tf.nest.flatten(value))}
         self.tapes = {}
         self.flags = []  # (runner index, kind, (i, j), finite) in program order
         self.losses = []
         self.deferred = {}  # i -> stages whose update waits for every stage's backward of i
         # What each forward keeps and each backward frees, for `runtime.memory`:
         # ("kept", runner index, (i, j), bytes per example, fixed bytes, weight copy bytes
-        # or None, whether a tape holds its activations) and ("released", index, (i, j)).
+        # or None, whether a tape holds its activations) and ("released", index, (i, j));
+        # also ("through", name handed on, per leaf None or where it came in: (name, index))
+        # for a value holding tensors that came in (`hand_on`).
         self.notes = []
         self.finished = None  # a tensor computed once the pass just emitted is
         self.marks = PassMarks(setup, timed)  # the stall watch's counts, the passes' ends
@@ -128,8 +147,20 @@ class WindowEmitter:
                                      (op.batch, op.micro))
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
-        # Named from the next window's first mini-batch, which reads them.
-        carried = {encode(key, self.window.stop): value for key, value in self.live.items()}
+        # Named from the next window's first mini-batch, which reads them. A tensor that
+        # came in and goes on as it is (held for a later pass) is not returned: it would
+        # come back by way of the caller's device (`graphs.outputs_stay_put` places only
+        # what the window computes). It is None in the returned value, and the caller puts
+        # it back (`hand_on`).
+        carried = {}
+        for key, value in self.live.items():
+            name, leaves = encode(key, self.window.stop), tf.nest.flatten(value)
+            given = tuple(self._given.get(id(t)) for t in leaves)
+            if any(given):
+                self.notes.append(("through", name, given))
+                value = tf.nest.pack_sequence_as(
+                    value, [None if g else t for g, t in zip(given, leaves)])
+            carried[name] = value
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
         times = self.marks.times()
