@@ -1,7 +1,8 @@
-"""Where a pipeline pays on today's GPUs: 4 x H200, and 2 hosts x 4 H200, predicted.
+"""Where a pipeline pays on today's GPUs: 4 x H200, and hosts of 4 x H200, predicted.
 
     python -m benchmarks.h200                                  # the tables of RESULTS.md 14
     python -m benchmarks.h200 --floor docs/data/issue17/floor.jsonl --out h200.md
+    python -m benchmarks.h200 --hosts 2,4,8 --ethernet 10,25,100   # RESULTS.md 18
 
 No GPU here: the compute comes from `../shared/gpu-h200/` (the zoo's `vgg16` at 32 px,
 batch 128, and `resnet50` at 224 px, batch 64, measured on one H200 with Keras on JAX):
@@ -17,9 +18,10 @@ Rows: one GPU (the measured Keras `fit` on the H200, in `fit-keras-jax.json`), d
 parallelism over the 4 or 8 GPUs (ring all-reduce every step, without and with overlap of
 the backward), the asynchronous pipeline in every mode (stash, vanilla and consistent
 SpecTrain keep their forward; paper SpecTrain recomputes it on every stage but the last),
-sync with 4 micro-batches (GPipe; its bubble), and for 2 hosts the 2 x 4 hybrid. Cuts are
-`costmodel.best_cuts` for each machine. Links: NVLink 4 at 450 GB/s per direction and
-10 us; PCIe Gen5 x16 at 50 GB/s and 10 us; Ethernet at its line rate and 50 us.
+sync with 4 micro-batches (GPipe; its bubble), and on H hosts the H x 4 hybrid (one
+pipeline of 4 stages per host, `hybrid H x 4`); a pipeline over every GPU only up to 8 GPUs.
+Cuts are `costmodel.best_cuts` for each machine. Links: NVLink 4 at 450 GB/s per direction
+and 10 us; PCIe Gen5 x16 at 50 GB/s and 10 us; Ethernet at its line rate and 50 us.
 """
 
 import argparse
@@ -37,13 +39,14 @@ CASES = {  # model: (input shape, classes, batch, files by policy)
 }
 POLICIES = ("float32", "mixed_bfloat16")
 LINKS = {"NVLink": (450e9, 10e-6), "PCIe Gen5": (50e9, 10e-6)}
-ETHERNET = (25, 100)  # Gb/s between the 2 hosts
+ETHERNET = (25, 100)  # Gb/s between the hosts (default)
 ETHERNET_LATENCY = 50e-6
 MODES = {  # label: predict_pipeline's recompute
     "stash": False, "vanilla": True, "spectrain (consistent)": False,
     "spectrain (paper)": True,
 }
 SYNC_MICRO_BATCHES = 4
+MAX_PIPELINE_STAGES = 8  # more GPUs than this: only data parallelism and the hybrids
 
 
 def parse_args(argv=None):
@@ -52,6 +55,10 @@ def parse_args(argv=None):
                                                    "floor.jsonl"),
                    help="benchmarks/floor.py --json records (windows and pass by pass)")
     p.add_argument("--shared", default=SHARED, help="the folder of the H200 measurements")
+    p.add_argument("--hosts", type=common.csv_of(int), default=[2],
+                   help="host counts of the multi-host machines (4 H200 per host)")
+    p.add_argument("--ethernet", type=common.csv_of(float), default=list(ETHERNET),
+                   help="Gb/s between hosts, one machine per rate and host count")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -140,8 +147,9 @@ def fit_plane(points):
     return max(a, 0.0), max(b, 0.0), max(c, 0.0)
 
 
-def machines():
-    """`{name: Hardware}`: 4 x H200 on each link, and 2 hosts x 4 H200 on each Ethernet."""
+def machines(hosts=(2,), ethernet=ETHERNET):
+    """`{name: Hardware}`: 4 x H200 on each link, and H hosts x 4 H200 (NVLink within a
+    host) on each Ethernet rate (Gb/s), for each H of `hosts`."""
     from tf_spectrain import costmodel
 
     out = {}
@@ -149,11 +157,12 @@ def machines():
         out[f"4 x H200, {link}"] = costmodel.Hardware(
             4, 1.0, bandwidth=bandwidth, latency=latency, name=f"4 x H200, {link}")
     nvlink = LINKS["NVLink"]
-    for gbits in ETHERNET:
-        out[f"2 hosts x 4 H200 (NVLink), {gbits} Gb/s"] = costmodel.Hardware(
-            8, 1.0, bandwidth=nvlink[0], latency=nvlink[1], num_hosts=2,
-            inter_host_bandwidth=gbits * 1e9 / 8, inter_host_latency=ETHERNET_LATENCY,
-            name=f"2 x 4 H200, {gbits} Gb/s")
+    for count in hosts:
+        for gbits in ethernet:
+            out[f"{count} hosts x 4 H200 (NVLink), {gbits:g} Gb/s"] = costmodel.Hardware(
+                4 * count, 1.0, bandwidth=nvlink[0], latency=nvlink[1], num_hosts=count,
+                inter_host_bandwidth=gbits * 1e9 / 8, inter_host_latency=ETHERNET_LATENCY,
+                name=f"{count} x 4 H200, {gbits:g} Gb/s")
     return out
 
 
@@ -167,20 +176,26 @@ def predictions(profile, hardware, runtimes):
         "data parallel, all-reduce overlapped": costmodel.predict_data_parallel(
             profile, hardware, batch, overlap=True),
     }
-    cuts = costmodel.best_cuts(profile, hardware, batch)
-    rows["pipeline, stash, without the runtime's cost"] = costmodel.predict_pipeline(
-        profile, hardware, batch, cuts)
+    # A pipeline over every GPU only up to 8 (2 hosts); beyond, one pipeline per host.
+    cuts = (costmodel.best_cuts(profile, hardware, batch)
+            if hardware.num_gpus <= MAX_PIPELINE_STAGES else None)
+    if cuts is not None:
+        rows["pipeline, stash, without the runtime's cost"] = costmodel.predict_pipeline(
+            profile, hardware, batch, cuts)
+    hosts = hardware.num_hosts
     for runtime, costs in runtimes.items():
-        for mode, recompute in MODES.items():
+        for mode, recompute in MODES.items() if cuts is not None else ():
             rows[f"pipeline, {mode}, {runtime}"] = costmodel.predict_pipeline(
                 profile, hardware, batch, cuts, recompute=recompute, runtime=costs)
-        rows[f"pipeline, sync M={SYNC_MICRO_BATCHES}, {runtime}"] = costmodel.predict_sync(
-            profile, hardware, batch, cuts, micro_batches=SYNC_MICRO_BATCHES, runtime=costs)
-        if hardware.num_hosts > 1:
+        if cuts is not None:
+            rows[f"pipeline, sync M={SYNC_MICRO_BATCHES}, {runtime}"] = costmodel.predict_sync(
+                profile, hardware, batch, cuts, micro_batches=SYNC_MICRO_BATCHES,
+                runtime=costs)
+        if hosts > 1:  # one pipeline of the host's 4 GPUs per host
             hybrid_cuts = costmodel.best_cuts(profile, hardware, batch, num_stages=4,
-                                              replicas=2)
-            rows[f"hybrid 2 x 4, stash, {runtime}"] = costmodel.predict_hybrid(
-                profile, hardware, batch, hybrid_cuts, replicas=2, runtime=costs)
+                                              replicas=hosts)
+            rows[f"hybrid H x 4, stash, {runtime}"] = costmodel.predict_hybrid(
+                profile, hardware, batch, hybrid_cuts, replicas=hosts, runtime=costs)
     return {label: e.images_per_second for label, e in rows.items()}, cuts
 
 
@@ -206,13 +221,14 @@ def report(args):
                           for name, c in runtimes.items())
                       + (f". Layers without an H200 time (0): {missing}" if missing else "")]
             table_rows = {}
-            for name, hardware in machines().items():
+            chosen = machines(args.hosts, args.ethernet)
+            for name, hardware in chosen.items():
                 rows, cuts = predictions(profile, hardware, runtimes)
                 for label, ips in rows.items():
                     table_rows.setdefault(label, {})[name] = ips
-            header = ["configuration"] + list(machines())
+            header = ["configuration"] + list(chosen)
             body = [[label] + [f"{cells[m]:,.0f} ({cells[m] / single:.2f}x)"
-                               if m in cells else "-" for m in machines()]
+                               if m in cells else "-" for m in chosen]
                     for label, cells in table_rows.items()]
             lines.append("")
             lines.append(common.markdown_table(header, body))

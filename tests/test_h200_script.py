@@ -42,6 +42,10 @@ def test_machines():
     assert [m.num_gpus for m in machines.values()] == [4, 4, 8, 8]
     two = machines["2 hosts x 4 H200 (NVLink), 25 Gb/s"]
     assert two.num_hosts == 2 and two.inter_host_bandwidth == pytest.approx(25e9 / 8)
+    more = h200.machines(hosts=(2, 8), ethernet=(10.0,))
+    assert [m.num_gpus for m in more.values()] == [4, 4, 8, 32]
+    eight = more["8 hosts x 4 H200 (NVLink), 10 Gb/s"]
+    assert eight.num_hosts == 8 and eight.inter_host_bandwidth == pytest.approx(10e9 / 8)
 
 
 @pytest.mark.parametrize("spe, known, per_mini_batch", [

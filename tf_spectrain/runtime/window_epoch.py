@@ -18,9 +18,9 @@ from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import check_split, ran_out
 from tf_spectrain.runtime.graphs import unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
+from tf_spectrain.runtime.window_carried import hand_on
 from tf_spectrain.runtime.window_errors import failed_op
 from tf_spectrain.runtime.window_functions import window_keeps
-from tf_spectrain.runtime.window_graph import hand_on
 from tf_spectrain.runtime.window_probes import WindowProbes, probe_sample_name
 from tf_spectrain.runtime.window_watch import WindowWatch
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE, modes

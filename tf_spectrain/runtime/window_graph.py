@@ -19,7 +19,9 @@ about `N - 1 - k` mini-batches (up to `N - k`) in the asynchronous modes.
 
 Everything that crosses a window boundary is a dict of named tensors (`carried`): names
 count mini-batches from the first one the next window reports, so that every window of the
-same shape has the same inputs and outputs and reuses one traced graph.
+same shape has the same inputs and outputs and reuses one traced graph
+(`runtime.window_carried`, which also hands on, outside the graph, what a window holds
+without computing it).
 """
 
 import tensorflow as tf
@@ -35,39 +37,11 @@ from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
+from tf_spectrain.runtime.window_carried import arrivals, decode, outgoing
 from tf_spectrain.runtime.window_errors import pass_name
 from tf_spectrain.runtime.window_probes import ProbeEmitter, pass_of
 from tf_spectrain.runtime.window_watch import PassMarks
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
-
-
-def encode(key, base):
-    """The name of a carried value: `kind/stage/batch-base/micro/replica`."""
-    kind, numbers = key[0], list(key[1:])
-    numbers[1] -= base  # every key is (kind, stage, batch, ...)
-    return "/".join([kind] + [str(n) for n in numbers])
-
-
-def decode(name, base):
-    """The key `encode` named."""
-    kind, *numbers = name.split("/")
-    numbers = [int(n) for n in numbers]
-    numbers[1] += base
-    return (kind, *numbers)
-
-
-def hand_on(returned, notes, carried):
-    """What a window hands to the next: its `returned` carried values with the tensors that
-    came in `carried` and go on as they are put back (the notes' `"through"`)."""
-    handed = dict(returned)
-    for note in notes:
-        if note[0] == "through":
-            _, name, given = note
-            leaves = tf.nest.flatten(handed[name])
-            leaves = [t if g is None else tf.nest.flatten(carried[g[0]])[g[1]]
-                      for g, t in zip(given, leaves)]
-            handed[name] = tf.nest.pack_sequence_as(handed[name], leaves)
-    return handed
 
 
 def _per_example_bytes(tensors):
@@ -107,9 +81,7 @@ class WindowEmitter:
         self.rates = rates
         self.applies = applies
         self.live = {decode(name, self.base): value for name, value in carried.items()}
-        self._given = {id(t): (name, index)  # each carried-in tensor: where it came in
-                       for name, value in carried.items()
-                       for index, t in enumerate(tf.nest.flatten(value))}
+        self._arrived = arrivals(carried)
         self.tapes = {}
         self.flags = []  # (runner index, kind, (i, j), finite) in program order
         self.losses = []
@@ -117,8 +89,7 @@ class WindowEmitter:
         # What each forward keeps and each backward frees, for `runtime.memory`:
         # ("kept", runner index, (i, j), bytes per example, fixed bytes, weight copy bytes
         # or None, whether a tape holds its activations) and ("released", index, (i, j));
-        # also ("through", name handed on, per leaf None or where it came in: (name, index))
-        # for a value holding tensors that came in (`hand_on`).
+        # also `window_carried.outgoing`'s ("through", ...) notes.
         self.notes = []
         self.finished = None  # a tensor computed once the pass just emitted is
         self.marks = PassMarks(setup, timed)  # the stall watch's counts, the passes' ends
@@ -147,20 +118,8 @@ class WindowEmitter:
                                      (op.batch, op.micro))
         if self.tapes:
             raise RuntimeError(f"tapes left in a window: {sorted(self.tapes)}")
-        # Named from the next window's first mini-batch, which reads them. A tensor that
-        # came in and goes on as it is (held for a later pass) is not returned: it would
-        # come back by way of the caller's device (`graphs.outputs_stay_put` places only
-        # what the window computes). It is None in the returned value, and the caller puts
-        # it back (`hand_on`).
-        carried = {}
-        for key, value in self.live.items():
-            name, leaves = encode(key, self.window.stop), tf.nest.flatten(value)
-            given = tuple(self._given.get(id(t)) for t in leaves)
-            if any(given):
-                self.notes.append(("through", name, given))
-                value = tf.nest.pack_sequence_as(
-                    value, [None if g else t for g, t in zip(given, leaves)])
-            carried[name] = value
+        # Named from the next window's first mini-batch, which reads them.
+        carried = outgoing(self.live, self._arrived, self.window.stop, self.notes)
         losses = tf.stack(self.losses) if self.losses else tf.zeros((0,), tf.float32)
         flags = tf.stack([f for *_, f in self.flags]) if self.flags else tf.zeros((0,), tf.bool)
         times = self.marks.times()
