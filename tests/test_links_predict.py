@@ -1,0 +1,37 @@
+"""`benchmarks.links_predict`'s pure parts: the calibration to the one-core run, and data
+parallelism and a pipeline on a slow link against the arithmetic done by hand."""
+
+import pytest
+
+from benchmarks import links, links_predict
+from tf_spectrain import costmodel
+
+
+def _toy():
+    """Two layers at batch 10: 0.1 s forward and 0.2 s backward each; 1 MB and 3 MB of
+    weights; 1,000 bytes per example at the cut."""
+    layers = [costmodel.LayerProfile("a", 0.1, 0.2, 1000, 1e6, 0),
+              costmodel.LayerProfile("b", 0.1, 0.2, 40, 3e6, 0)]
+    return costmodel.ModelProfile(layers, 10, "toy", 0)
+
+
+def test_calibration_makes_one_device_train_at_the_measured_rate():
+    profile = links_predict.calibrated(_toy(), alone=50.0, batch_size=20)
+    assert links_predict.predict(profile, "alone", "unshaped", 20, 24, 0.0) == pytest.approx(50.0)
+    # one factor for every layer: the layers keep their shares
+    assert profile.layers[0].forward_time == pytest.approx(profile.layers[1].forward_time)
+
+
+def test_slow_links_charge_data_parallelism_its_weights_and_the_pipeline_its_cut(monkeypatch):
+    monkeypatch.setitem(links.CUTS, "toy", ["a"])
+    profile = links_predict.calibrated(_toy(), alone=20.0, batch_size=10)  # 0.5 s a batch
+    per_second = 8e6 / 8  # 8 Mbit/s
+    # dp: half the batch on each device (0.25 s), then a ring all-reduce over 2 devices of
+    # the 4 MB of gradients: 2 (n - 1) / n * 4e6 bytes.
+    dp = links_predict.predict(profile, "dp", "8mbit", 10, 24, 0.0)
+    assert dp == pytest.approx(10 / (0.25 + 4e6 / per_second))
+    # stash, steady state: the busier stage's compute (0.25 s) or, with hand-offs beside
+    # it, the 10 x 1,000 bytes each way (0.01 s): far faster than dp here.
+    stash = links_predict.predict(profile, "stash", "8mbit", 10, None, 0.0, model="toy")
+    assert stash == pytest.approx(10 / 0.25, rel=0.05)
+    assert links_predict.bits("unshaped") == links_predict.UNSHAPED_BITS
