@@ -325,5 +325,6 @@ def graph_calls(setting, run_eagerly, device_names):
                        for d in device_names)
     if setting != "auto" or accelerators:
         return setting, False
-    return 1, not any(task_of(d) is not None for d in device_names)
+    on_workers = any(task_of(d) is not None for d in device_names)
+    return 1, not on_workers  # windows of one on workers, else pass by pass
 

@@ -54,12 +54,15 @@ def outgoing(live, arrived, stop, notes):
 def hand_on(returned, notes, carried):
     """What a window hands to the next: its `returned` carried values with the tensors that
     came in `carried` and go on as they are put back (the notes' `"through"`)."""
-    handed = dict(returned)
+    handed, came_in = dict(returned), {}
     for note in notes:
         if note[0] == "through":
             _, name, given = note
             leaves = tf.nest.flatten(handed[name])
-            leaves = [t if g is None else tf.nest.flatten(carried[g[0]])[g[1]]
-                      for g, t in zip(given, leaves)]
+            for index, g in enumerate(given):
+                if g is not None:
+                    if g[0] not in came_in:
+                        came_in[g[0]] = tf.nest.flatten(carried[g[0]])
+                    leaves[index] = came_in[g[0]][g[1]]
             handed[name] = tf.nest.pack_sequence_as(handed[name], leaves)
     return handed
