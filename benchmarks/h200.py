@@ -184,10 +184,10 @@ def predictions(profile, hardware, runtimes):
             profile, hardware, batch, cuts)
     hosts = hardware.num_hosts
     for runtime, costs in runtimes.items():
-        for mode, recompute in MODES.items() if cuts is not None else ():
-            rows[f"pipeline, {mode}, {runtime}"] = costmodel.predict_pipeline(
-                profile, hardware, batch, cuts, recompute=recompute, runtime=costs)
         if cuts is not None:
+            for mode, recompute in MODES.items():
+                rows[f"pipeline, {mode}, {runtime}"] = costmodel.predict_pipeline(
+                    profile, hardware, batch, cuts, recompute=recompute, runtime=costs)
             rows[f"pipeline, sync M={SYNC_MICRO_BATCHES}, {runtime}"] = costmodel.predict_sync(
                 profile, hardware, batch, cuts, micro_batches=SYNC_MICRO_BATCHES,
                 runtime=costs)

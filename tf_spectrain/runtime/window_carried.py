@@ -30,9 +30,10 @@ def decode(name, base):
 
 def arrivals(carried):
     """`{id(tensor): (name, index)}`: where each tensor of the window's `carried` came in
-    (its value's name, its index in `tf.nest.flatten` of the value)."""
+    (its value's name, its index in `tf.nest.flatten` of the value). None leaves are left
+    out: every None has the same id."""
     return {id(t): (name, index) for name, value in carried.items()
-            for index, t in enumerate(tf.nest.flatten(value))}
+            for index, t in enumerate(tf.nest.flatten(value)) if t is not None}
 
 
 def outgoing(live, arrived, stop, notes):
