@@ -115,6 +115,7 @@ def child(args):
 
     import tf_spectrain
     from tf_spectrain.app import trainers
+    from tf_spectrain.runtime.loop import window_size
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     if args.child == "alone":
@@ -161,8 +162,11 @@ def child(args):
     moved = [_moved(marks["begin"][e][2], marks["end"][e][2]) for e in later]
     epoch = statistics.median(seconds)
     mid = sorted(range(len(seconds)), key=seconds.__getitem__)[len(seconds) // 2]
+    window = None if args.child in ("alone", "dp") else window_size(
+        trainer.steps_per_execution, callbacks, trainer.run_eagerly, trainer.devices)
     print(json.dumps({
         "images_per_s": args.batch_size * args.steps / epoch, "epoch_s": seconds,
+        "window": window,  # mini-batches per graph call (None: pass by pass, or no pipeline)
         "first_epoch_s": marks["end"][0][0] - marks["begin"][0][0], "fit_s": total,
         "trainer_cpu_per_wall": statistics.median(c / s for c, s in zip(cpu, seconds)),
         "bytes_per_batch": statistics.median(
@@ -177,7 +181,9 @@ def child(args):
 
 # --- the parent: namespaces, workers, records ------------------------------------------------
 
-def _env():
+def child_env():
+    """The environment of the workers and the trainer: quiet logs, no GPU, one intra-op
+    thread."""
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
                 TF_NUM_INTRAOP_THREADS="1")
 
@@ -190,13 +196,13 @@ def _child_args(args, config):
 
 def measure(args, config, rate, round_=0):
     """One measurement of `config` at `rate`: a record dict."""
-    cores = os.cpu_count() or 1
     record = dict(config=config, rate=rate, model=args.model, hosts=args.hosts,
                   batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
                   slow_start_after_idle=args.slow_start_after_idle, bytes_counted="sent",
                   steps_per_execution=args.steps_per_execution)
     if config == "alone":
-        cmd, env = common.child_command("benchmarks.links", _child_args(args, config), _env())
+        cmd, env = common.child_command("benchmarks.links", _child_args(args, config),
+                                        child_env())
         out = subprocess.run(["taskset", "-c", "0", *cmd], capture_output=True, text=True,
                              env=env, timeout=3600, check=False)
         return _record(record, out)
@@ -206,21 +212,30 @@ def measure(args, config, rate, round_=0):
         "--trace-file", os.path.abspath(os.path.join(args.trace, f"{config}-{rate}-r{round_}-"
                                                      "epoch{epoch}.json"))]
     with emulated_hosts.EmulatedHosts(args.hosts + 1, rate, sysctls=sysctls) as hosts:
-        cluster = ",".join(f"{hosts.address(h)}:{PORT}" for h in range(args.hosts))
-        workers = [hosts.popen(h, [sys.executable, "-m", "tf_spectrain.app.worker", "--cluster",
-                                   cluster, "--task", str(h), "--bind-all"], core=h % cores,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=_env(), cwd=common.ROOT) for h in range(args.hosts)]
-        for worker in workers:
-            if not any(line.startswith("tf_spectrain worker: ") for line in worker.stdout):
-                raise RuntimeError(f"a worker did not start (exit {worker.wait()})")
+        cluster, workers = start_workers(hosts, args.hosts)
         cmd, env = common.child_command(
             "benchmarks.links",
             _child_args(args, config) + traced + [
                 "--cluster", cluster, "--switch", hosts.switch,
-                "--worker-pids", ",".join(str(w.pid) for w in workers)], _env())
+                "--worker-pids", ",".join(str(w.pid) for w in workers)], child_env())
         out = hosts.run(args.hosts, cmd, timeout=3600, env=env, cwd=common.ROOT)
     return _record(record, out)
+
+
+def start_workers(hosts, count):
+    """Starts `python -m tf_spectrain.app.worker` in hosts 0 .. count - 1 of `hosts` (an
+    entered `EmulatedHosts`), one intra-op thread each, host h pinned to core h modulo the
+    cores; returns `(cluster, workers)`: the `--cluster` string and the processes."""
+    cores = os.cpu_count() or 1
+    cluster = ",".join(f"{hosts.address(h)}:{PORT}" for h in range(count))
+    workers = [hosts.popen(h, [sys.executable, "-m", "tf_spectrain.app.worker", "--cluster",
+                               cluster, "--task", str(h), "--bind-all"], core=h % cores,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=child_env(), cwd=common.ROOT) for h in range(count)]
+    for worker in workers:
+        if not any(line.startswith("tf_spectrain worker: ") for line in worker.stdout):
+            raise RuntimeError(f"a worker did not start (exit {worker.wait()})")
+    return cluster, workers
 
 
 def _record(record, out):

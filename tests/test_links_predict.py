@@ -35,3 +35,32 @@ def test_slow_links_charge_data_parallelism_its_weights_and_the_pipeline_its_cut
     stash = links_predict.predict(profile, "stash", "8mbit", 10, None, 0.0, model="toy")
     assert stash == pytest.approx(10 / 0.25, rel=0.05)
     assert links_predict.bits("unshaped") == links_predict.UNSHAPED_BITS
+
+
+def test_the_links_as_tensors_meet_them_and_a_call_per_window(monkeypatch):
+    monkeypatch.setitem(links.CUTS, "toy", ["a"])
+    link = {"unshaped": {"rate_mb_per_s": 500.0, "call_s": 0.004},
+            "100mbit": {"rate_mb_per_s": 11.0, "call_s": 0.02}}
+    assert links_predict.bits("100mbit", link) == 88e6  # measured
+    assert links_predict.bits("1gbit", link) == 0.97e9  # shaped, at TCP's 97%
+    assert links_predict.bits("10gbit", link) == 4e9  # capped by the unshaped measurement
+    assert links_predict.call_seconds("100mbit", link) == 0.02
+    assert links_predict.call_seconds("1gbit", link) == 0.02  # the largest measured
+    assert links_predict.call_seconds("1gbit", None) == 0.0
+    assert [links_predict.window_of(r) for r in (
+        {"window": 1}, {"steps_per_execution": "auto"}, {"steps_per_execution": "4"},
+        {"steps_per_execution": "eager"})] == [1, 8, 4, None]
+    profile = links_predict.calibrated(_toy(), alone=20.0, batch_size=10)  # 0.5 s a batch
+    # dp in windows of one pays a call per mini-batch: 0.25 s + 4 MB at 11 MB/s + 0.02 s.
+    dp = links_predict.predict(profile, "dp", "100mbit", 10, 24, 0.0, link=link, window=1)
+    assert dp == pytest.approx(10 / (0.25 + 4e6 / 11e6 + 0.02))
+
+    def stash(**kwargs):
+        return links_predict.predict(profile, "stash", "100mbit", 10, 24, 0.0, model="toy",
+                                     **kwargs)
+
+    # Windows of one: every window waits for the one before and pays its call, and stage
+    # 0 recomputes each forward: slower than one call for the whole epoch.
+    assert stash(link=link, window=1) < stash(link=link, window=24) < stash(window=24)
+    epoch = 24 * 10 / stash(link=link, window=1)
+    assert epoch >= 24 * (0.02 + 0.25 + 0.05)  # a call, stage 0's passes and a recompute

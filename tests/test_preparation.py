@@ -7,9 +7,9 @@ from tf_spectrain.app.preparation import graph_calls
 
 @pytest.mark.parametrize("setting, eager, devices, expected", [
     ("auto", False, ["/CPU:0", "/CPU:1"], (1, True)),  # a CPU-only machine: pass by pass
-    # on workers (--cluster): windows of one, whose passes hand on only activations
-    ("auto", False, ["/job:worker/replica:0/task:1/device:CPU:0"], (1, False)),
-    ("auto", False, ["/CPU:0", "/job:worker/replica:0/task:0/device:CPU:0"], (1, False)),
+    # on workers (--cluster): compile's "auto", windows of one (runtime.loop.window_size)
+    ("auto", False, ["/job:worker/replica:0/task:1/device:CPU:0"], ("auto", False)),
+    ("auto", False, ["/CPU:0", "/job:worker/replica:0/task:0/device:CPU:0"], ("auto", False)),
     ("auto", False, ["/job:localhost/replica:0/task:0/device:CPU:0"], (1, True)),
     ("auto", False, ["/GPU:0", "/GPU:1"], ("auto", False)),  # accelerators: windows
     ("auto", False, ["/job:worker/replica:0/task:1/device:GPU:0", "/CPU:0"], ("auto", False)),

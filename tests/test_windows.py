@@ -270,6 +270,14 @@ def test_window_size_auto_follows_the_callbacks(tmp_path):
     assert loop.pass_times(keras_own[3:])  # the telemetry's stage utilisation
     untimed = tf_spectrain.callbacks.PipelineTrace(tmp_path / "trace", pass_times=False)
     assert loop.window_size("auto", [untimed]) == loop.AUTO_WINDOW
+    # Stages on workers' CPUs: windows of one; on a worker's GPU, or local: windows of 8.
+    worker_cpu = "/job:worker/replica:0/task:1/device:CPU:0"
+    assert loop.window_size("auto", None, devices=["/CPU:0", worker_cpu]) == 1
+    assert loop.window_size(4, None, devices=[worker_cpu]) == 4
+    assert loop.window_size("auto", None, devices=[worker_cpu.replace("CPU", "GPU"), "/CPU:0"]
+                            ) == loop.AUTO_WINDOW
+    assert loop.window_size("auto", None, devices=["/job:localhost/replica:0/task:0/device:CPU:0"]
+                            ) == loop.AUTO_WINDOW
     assert not loop.pass_times([untimed])
     assert loop.window_size(4, [traced]) == 4
 

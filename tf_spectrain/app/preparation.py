@@ -18,8 +18,8 @@ from tf_spectrain.app.config import RunConfig, as_run_config
 from tf_spectrain.callbacks import PipelineCheckpoint
 from tf_spectrain.checkpoint import layout
 from tf_spectrain.cluster import connect_cluster, trainer_job
-from tf_spectrain.cluster.health import task_of
 from tf_spectrain.pipeline_model import PipelineModel
+from tf_spectrain.runtime.loop import on_workers_cpus
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
 
@@ -303,9 +303,9 @@ def _resume_note(run):
 
 def graph_calls(setting, run_eagerly, device_names):
     """`(steps_per_execution, run_eagerly)` for the trainer, from `--steps-per-execution`
-    and `--run-eagerly`: "auto" runs windows (`compile`'s "auto") where a stage is an
-    accelerator, windows of one mini-batch where a stage is on a worker (`--cluster`), and
-    pass by pass (`run_eagerly=True`) on a CPU-only machine.
+    and `--run-eagerly`: "auto" stays `compile`'s "auto" where a stage is an accelerator
+    (windows of 8) or on a worker (`--cluster`: windows of one, `runtime.loop.window_size`),
+    and runs pass by pass (`run_eagerly=True`) on a CPU-only machine.
 
     On an accelerator a pass computes for about a millisecond, and the runtime's cost per
     pass outside windows (milliseconds, RESULTS.md section 14) decides the speed. On a CPU a
@@ -315,16 +315,14 @@ def graph_calls(setting, run_eagerly, device_names):
     build their graphs; RESULTS.md section 17). Across hosts, pass by pass moves more than
     activations: a pass called from the trainer under a GradientTape returns what its
     backward needs (the stage's weights read, its layers' activations) by way of the
-    trainer, so VGG16's last stage sent 61 MB per mini-batch where windows send 4 MB; and
-    over 100 Mbit/s windows of one trained VGG16 at 45.6 (stash) and 45.1 (paper SpecTrain)
-    images/s against 44.9 and 33.3 in windows of 8 (RESULTS.md section 18).
+    trainer, so VGG16's last stage sent 61 MB per mini-batch where windows send 4 MB
+    (RESULTS.md section 18).
     """
-    if run_eagerly:
-        return setting, True
+    if run_eagerly or setting != "auto":
+        return setting, run_eagerly
     accelerators = any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
                        for d in device_names)
-    if setting != "auto" or accelerators:
+    if accelerators or on_workers_cpus(device_names):
         return setting, False
-    on_workers = any(task_of(d) is not None for d in device_names)
-    return 1, not on_workers  # windows of one on workers, else pass by pass
+    return 1, True  # a CPU-only machine: pass by pass
 

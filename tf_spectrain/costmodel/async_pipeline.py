@@ -28,7 +28,7 @@ from tf_spectrain.costmodel.runtime_costs import runtime_floor
 
 def predict_pipeline(
     profile, hardware, batch_size, cuts, num_batches=None, overlap=False, recompute=False,
-    micro_batches=1, runtime=None,
+    micro_batches=1, runtime=None, window=None, call_seconds=0.0,
 ):
     """Predicts the asynchronous pipeline (1F1B), one stage per device.
 
@@ -59,6 +59,12 @@ def predict_pipeline(
             `runtime_costs.RuntimeCosts` (e.g. `WINDOWS`), or None for none: no
             mini-batch takes less than its `floor` (stages on hosts other than host 0,
             the trainer's, count as remote).
+        window: None, or `K`: the epoch of `num_batches` runs in the runtime's windows of
+            K mini-batches, one graph call each (`simulate.simulate_epoch`'s `window`: a
+            window starts when the one before has ended, and a backward whose forward ran
+            in an earlier window recomputes it unless it recomputes anyway).
+        call_seconds: with `window`, what each window's graph call costs before its
+            passes start (seconds >= 0; across hosts, the round trips of a call).
 
     Returns:
         An `Estimate` of kind `"pipeline"`.
@@ -71,9 +77,19 @@ def predict_pipeline(
     )
     floor = max(sum(forward + backward) / hardware.concurrency,
                 runtime_floor(runtime, hardware, range(len(forward)), len(profile)))
+    windows = None
+    if window is not None:
+        if num_batches is None:
+            raise ValueError("`window` needs `num_batches` (the epoch the windows cut). "
+                             f"Received: window={window!r}, num_batches=None")
+        n, recompute = len(forward), check_recompute_flag(recompute)
+        recomputing = [recompute == "always" or (recompute is True and k < n - 1)
+                       for k in range(n)]
+        windows = dict(window=window, call_seconds=call_seconds, carried_forward=[
+            0.0 if recomputing[k] or k == n - 1 else forward[k] for k in range(n)])
     return _schedule_estimate(
         "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
-        num_batches, overlap,
+        num_batches, overlap, windows,
     )
 
 
@@ -148,9 +164,11 @@ def predict_hybrid(
 
 
 def _schedule_estimate(
-    kind, batch_size, forward, backward, send, allreduce, floor, num_batches, overlap
+    kind, batch_size, forward, backward, send, allreduce, floor, num_batches, overlap,
+    windows=None,
 ):
-    """The `Estimate` of the 1F1B schedule with these durations (see `predict_hybrid`)."""
+    """The `Estimate` of the 1F1B schedule with these durations (see `predict_hybrid`);
+    `windows`: `simulate_epoch`'s window arguments, or None."""
     checks.check_bool("overlap", overlap)
     n = len(forward)
     busy = [b + a for b, a in zip(backward, allreduce)]  # a stage reduces, then updates
@@ -164,7 +182,8 @@ def _schedule_estimate(
         num_batches = checks.check_int(
             "num_batches", num_batches, 1, meaning="mini-batches per epoch"
         )
-        epoch = simulate.simulate_epoch(forward, busy, send, send, num_batches, overlap)
+        epoch = simulate.simulate_epoch(forward, busy, send, send, num_batches, overlap,
+                                        **(windows or {}))
         epoch = max(epoch, num_batches * floor)
         seconds = epoch / num_batches
     return Estimate(

@@ -6,6 +6,7 @@ wall-clock length of one epoch, `steady_cycle` the time per mini-batch in steady
 """
 
 from tf_spectrain import checks, schedule
+from tf_spectrain.schedule.windows import EpochWindows
 
 
 def _check_times(name, values, length):
@@ -37,7 +38,8 @@ def _check_pipeline(forward, backward, send_forward, send_backward):
     )
 
 
-def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, overlap=False):
+def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, overlap=False,
+                   window=None, call_seconds=0.0, carried_forward=None):
     """Returns the seconds one epoch of the asynchronous schedule takes, drained.
 
     Each stage walks `schedule.async_ops(k, N, T)` in order and starts a pass as soon as the
@@ -55,6 +57,13 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
       duplex): a transfer starts when the pass ends and its link direction is free, one
       transfer after another, and arrives `send` seconds later.
 
+    With `window=K` the epoch runs as the runtime's windows (`schedule.windows.EpochWindows`,
+    one graph call each, SPECTRAIN.md section 3a): a window's passes start once the
+    previous window has ended and `call_seconds` more have passed; a value handed to a pass
+    of a later window leaves at that window's start (it waits on its device); and a
+    backward whose forward ran in an earlier window takes `carried_forward[k]` more (the
+    recomputed forward). Without `window` the epoch is one window and those do not occur.
+
     Args:
         forward, backward: lists of N per-stage durations (seconds) of one forward and one
             backward pass of a mini-batch, stage 0 first.
@@ -63,13 +72,17 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
         send_backward: N - 1 durations: sending the gradients from stage k + 1 to k.
         num_batches: `T`, the mini-batches in the epoch, an int >= 1.
         overlap: whether hand-offs run beside compute (see above).
+        window: None, or `K` (an int >= 1), the mini-batches each graph call reports.
+        call_seconds: seconds each window's call costs before its passes start, >= 0.
+        carried_forward: None, or N durations: what stage k's backward adds when its
+            forward ran in an earlier window (0 where the backward already recomputes).
 
     Returns:
-        The time from the first forward's start to the last backward's end, in seconds.
+        The time from the first call to the last backward's end, in seconds.
 
     Raises:
         TypeError, ValueError: if a list has the wrong length or holds a negative or
-            non-numeric duration, or `num_batches` is not an int >= 1.
+            non-numeric duration, or `num_batches` or `window` is not an int >= 1.
     """
     forward, backward, send_forward, send_backward = _check_pipeline(
         forward, backward, send_forward, send_backward
@@ -79,56 +92,101 @@ def simulate_epoch(forward, backward, send_forward, send_backward, num_batches, 
         "num_batches", num_batches, 1, meaning="mini-batches in the epoch"
     )
     checks.check_bool("overlap", overlap)
+    call_seconds = checks.check_number("call_seconds", call_seconds, 0.0, meaning="seconds")
+    carried = [0.0] * n if carried_forward is None else _check_times(
+        "carried_forward", carried_forward, n)
 
-    ops = [schedule.async_ops(k, n, num_batches) for k in range(n)]
-    ops = [[op for op in stage_ops if op.kind != schedule.UPDATE] for stage_ops in ops]
-    arrived_fwd = [dict() for _ in range(n)]  # stage k: batch -> time its input is there
-    arrived_bwd = [dict() for _ in range(n)]  # stage k: batch -> time its gradient is there
-    link_free_fwd = [0.0] * (n - 1)
-    link_free_bwd = [0.0] * (n - 1)
-    free = [0.0] * n
-    position = [0] * n
+    def lists_for(t):
+        return [schedule.async_ops(k, n, t) for k in range(n)]
+
+    if window is None:
+        programs = [lists_for(num_batches)]
+    else:
+        window = checks.check_int("window", window, 1, meaning="mini-batches per graph call")
+        programs = [[[op for s, op in w.program if s == k] for k in range(n)]
+                    for w in EpochWindows(lists_for, num_batches, window, n - 1)]
+    run = _Run(forward, backward, send_forward, send_backward, overlap, carried, programs)
     end = 0.0
-    remaining = sum(len(o) for o in ops)
-    while remaining:
-        progressed = False
-        for k in range(n):
-            while position[k] < len(ops[k]):
-                op = ops[k][position[k]]
-                i = op.batch
-                is_forward = op.kind == schedule.FORWARD
-                if is_forward:
-                    ready = 0.0 if k == 0 else arrived_fwd[k].get(i)
-                    compute, send = forward[k], send_forward[k] if k < n - 1 else None
-                else:
-                    # On the last stage B(i) follows its own F(i) in the list.
-                    ready = 0.0 if k == n - 1 else arrived_bwd[k].get(i)
-                    compute, send = backward[k], send_backward[k - 1] if k > 0 else None
-                if ready is None:
-                    break  # waits for a neighbour; try the other stages
-                start = max(free[k], ready)
-                done = start + compute
-                if send is not None:
-                    if overlap:
-                        links = link_free_fwd if is_forward else link_free_bwd
-                        link = k if is_forward else k - 1
-                        arrival = max(done, links[link]) + send
-                        links[link] = arrival
-                    else:
-                        done += send
-                        arrival = done
-                    if is_forward:
-                        arrived_fwd[k + 1][i] = arrival
-                    else:
-                        arrived_bwd[k - 1][i] = arrival
-                free[k] = done
-                end = max(end, done)  # every transfer ends before its receiver's pass
-                position[k] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for async_ops; guards against an endless loop
-            raise RuntimeError("The schedule deadlocked; this is a bug in simulate_epoch.")
+    for w in range(len(programs)):
+        end = run.window(w, end + call_seconds)
     return end
+
+
+class _Run:
+    """The event loop of `simulate_epoch`, one window at a time."""
+
+    def __init__(self, forward, backward, send_forward, send_backward, overlap, carried,
+                 programs):
+        self.forward, self.backward, self.overlap, self.carried = (
+            forward, backward, overlap, carried)
+        self.send = {schedule.FORWARD: send_forward, schedule.BACKWARD: send_backward}
+        self.programs = [[[op for op in ops if op.kind != schedule.UPDATE] for ops in stages]
+                         for stages in programs]
+        self.where = {(k, op.kind, op.batch): w for w, stages in enumerate(self.programs)
+                      for k, ops in enumerate(stages) for op in ops}
+
+    def _source(self, k, op):
+        """The stage whose pass `op` of stage k waits for, or None."""
+        source = k - 1 if op.kind == schedule.FORWARD else k + 1
+        last = len(self.forward) - 1
+        return source if 0 <= source <= last and not (op.kind != schedule.FORWARD and k == last) \
+            else None
+
+    def window(self, w, start):
+        """Runs window w from `start`; returns when its last pass ends."""
+        n = len(self.forward)
+        free = [start] * n
+        links = {schedule.FORWARD: [start] * (n - 1), schedule.BACKWARD: [start] * (n - 1)}
+        arrived = {}  # (stage, kind, batch) -> when the pass's input is there
+        stages = self.programs[w]
+        for k, ops in enumerate(stages):  # values from earlier windows leave at the start
+            for op in ops:
+                source = self._source(k, op)
+                if source is not None and self.where[(source, op.kind, op.batch)] < w:
+                    arrived[(k, op.kind, op.batch)] = self._hand_off(
+                        free, links, source, op.kind, start)
+        position = [0] * n
+        end = start
+        remaining = sum(len(ops) for ops in stages)
+        while remaining:
+            progressed = False
+            for k in range(n):
+                while position[k] < len(stages[k]):
+                    op = stages[k][position[k]]
+                    source = self._source(k, op)
+                    ready = start if source is None else arrived.get((k, op.kind, op.batch))
+                    if ready is None:
+                        break  # waits for a neighbour; try the other stages
+                    done = self._compute(k, op, w, max(free[k], ready))
+                    free[k] = done
+                    target = k + 1 if op.kind == schedule.FORWARD else k - 1
+                    if 0 <= target < n and self.where.get((target, op.kind, op.batch)) == w:
+                        arrived[(target, op.kind, op.batch)] = self._hand_off(
+                            free, links, k, op.kind, done)
+                    end = max(end, free[k])  # every transfer ends before its receiver's pass
+                    position[k] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:  # cannot happen for async_ops; guards against an endless loop
+                raise RuntimeError("The schedule deadlocked; this is a bug in simulate_epoch.")
+        return end
+
+    def _compute(self, k, op, w, begin):
+        """When stage k's pass `op` of window w, begun at `begin`, ends."""
+        if op.kind == schedule.FORWARD:
+            return begin + self.forward[k]
+        recomputed = self.where[(k, schedule.FORWARD, op.batch)] < w
+        return begin + self.backward[k] + (self.carried[k] if recomputed else 0.0)
+
+    def _hand_off(self, free, links, k, kind, ready):
+        """Stage k sends its `kind` pass's output once `ready`; returns its arrival."""
+        link = k if kind == schedule.FORWARD else k - 1
+        seconds = self.send[kind][link]
+        if self.overlap:
+            links[kind][link] = max(ready, links[kind][link]) + seconds
+            return links[kind][link]
+        free[k] = max(free[k], ready) + seconds  # the sender is busy while it sends
+        return free[k]
 
 
 def steady_cycle(forward, backward, send_forward, send_backward, overlap=False):

@@ -90,7 +90,8 @@ class Compiling:
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
                 1 (Keras' default) is a graph call per mini-batch, whose passes still
                 overlap across the stages. `"auto"` (the default): 8, unless a callback
-                of your own has per-batch hooks (then 1). The telemetry's prediction
+                of your own has per-batch hooks or the stages are on workers' CPUs
+                (then 1; docs/RESULTS.md section 18). The telemetry's prediction
                 errors are measured inside the windows.
             weighted_metrics: as in Keras, metrics updated with the sample weights of
                 `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,

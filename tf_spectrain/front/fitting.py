@@ -153,7 +153,8 @@ class Fitting:
 
         if self._train_logs is None:
             self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
-        window = window_size(self.steps_per_execution, callbacks, self.run_eagerly)
+        window = window_size(self.steps_per_execution, callbacks, self.run_eagerly,
+                             self.devices)
         self._loop = FitLoop(self, callback_list, self._train_logs, feed.num_batches, on_nan,
                              window)
         try:

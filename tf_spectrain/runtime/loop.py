@@ -15,6 +15,7 @@ import contextlib
 import time
 
 import keras
+import tensorflow as tf
 
 from tf_spectrain import prediction, schedule
 from tf_spectrain.cluster import health
@@ -59,29 +60,40 @@ def has_test_batch_hooks(callbacks):
                for c in callbacks or ())
 
 
-def window_size(setting, callbacks, run_eagerly=False):
+def window_size(setting, callbacks, run_eagerly=False, devices=()):
     """The mini-batches a `fit` runs per graph call.
 
     Args:
         setting: the compiled `steps_per_execution`: an int >= 1, or `"auto"`.
         callbacks: the user's callbacks of this `fit` (a list, or None).
         run_eagerly: the compiled `run_eagerly`: True runs pass by pass.
+        devices: the stages' device names.
 
     Returns:
         None with `run_eagerly` (each pass its own call from its stage's thread). Else the
         int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own has
         per-batch hooks (then 1: each mini-batch its own call, so those hooks see every
-        mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`). A
-        callback that asks for each pass's times (`needs_pass_times = True`, as
-        `callbacks.PipelineTrace` does) gets them from the window graphs (`pass_times`).
+        mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`) or a
+        stage is on a worker's CPU (then 1: across hosts on 100 Mbit/s, VGG16 trained at
+        45.6 and 45.1 images/s in stash and paper SpecTrain in windows of one against
+        44.9 and 33.3 in windows of 8; docs/RESULTS.md section 18). A callback that asks
+        for each pass's times (`needs_pass_times = True`, as `callbacks.PipelineTrace`
+        does) gets them from the window graphs (`pass_times`).
     """
     if run_eagerly:
         return None
     if setting != AUTO:
         return int(setting)
-    if any(_per_batch(c) for c in callbacks or ()):
+    if any(_per_batch(c) for c in callbacks or ()) or on_workers_cpus(devices):
         return 1
     return AUTO_WINDOW
+
+
+def on_workers_cpus(devices):
+    """Whether a stage is on a worker of a cluster and none on an accelerator."""
+    kinds = [(tf.DeviceSpec.from_string(d).device_type or "CPU").upper() for d in devices]
+    return (all(kind == "CPU" for kind in kinds)
+            and any(health.task_of(d) is not None for d in devices))
 
 
 def pass_times(callbacks):
