@@ -22,7 +22,10 @@ Every measurement is a fresh set of namespaces, workers and trainer. The trainer
 the graphs) and reports the median of the later epochs as images/s, and the bytes every
 host sent during them per mini-batch (what the switch's ports received, all hosts).
 Configurations alternate within a round, rates in the outer loop; records go to
-`--out-jsonl` as they come, and the table gives medians over rounds.
+`--out-jsonl` as they come (with `window`, the pipelines' mini-batches per graph call:
+`steps_per_execution="auto"` runs windows of one on workers' CPUs), and the table gives
+medians over rounds. `--model mlp_wide` (the zoo's `mlp` with 2,048 units per hidden layer,
+cut after `dense1`) has weights large next to its activations.
 """
 
 import argparse
@@ -36,7 +39,11 @@ import time
 from benchmarks import common, emulated_hosts
 
 CONFIGS = ("alone", "dp", "sync", "stash", "spectrain")
-CUTS = {"vgg16": ["block3_relu2"], "small_cnn": ["pool1"]}
+CUTS = {"vgg16": ["block3_relu2"], "small_cnn": ["pool1"], "mlp_wide": ["dense1"]}
+# Models beyond the zoo's names: (zoo name, options). `mlp_wide` has weights large next to
+# its activations: 42 MB of weights against 0.5 MB at its cut at batch 64 (VGG16: 61 MB
+# against 4.2 MB).
+OPTIONS = {"mlp_wide": ("mlp", {"hidden": 2048})}
 PORT = 2222
 START_TIMEOUT = 120.0
 
@@ -128,7 +135,7 @@ def child(args):
 
     def build():
         keras.utils.set_random_seed(0)
-        return tf_spectrain.models.get_model(args.model, common.INPUT_SHAPE, common.NUM_CLASSES)
+        return build_model(args.model)
 
     spe = args.steps_per_execution
     pipeline = {} if args.child in ("alone", "dp") else dict(
@@ -162,7 +169,7 @@ def child(args):
     moved = [_moved(marks["begin"][e][2], marks["end"][e][2]) for e in later]
     epoch = statistics.median(seconds)
     mid = sorted(range(len(seconds)), key=seconds.__getitem__)[len(seconds) // 2]
-    window = None if args.child in ("alone", "dp") else window_size(
+    window = None if args.child == "alone" else window_size(  # dp: the pipeline's replicas
         trainer.steps_per_execution, callbacks, trainer.run_eagerly, trainer.devices)
     print(json.dumps({
         "images_per_s": args.batch_size * args.steps / epoch, "epoch_s": seconds,
@@ -177,6 +184,14 @@ def child(args):
             (marks["end"][mid + 1][3][w] - marks["begin"][mid + 1][3][w]) / seconds[mid]
             for w in range(len(args.worker_pids))],
     }))
+
+
+def build_model(name):
+    """One of `CUTS`' models, for 32x32x3 images of 10 classes (a fresh `keras.Model`)."""
+    import tf_spectrain
+
+    zoo, options = OPTIONS.get(name, (name, {}))
+    return tf_spectrain.models.get_model(zoo, common.INPUT_SHAPE, common.NUM_CLASSES, **options)
 
 
 # --- the parent: namespaces, workers, records ------------------------------------------------

@@ -21,7 +21,9 @@ from test_worker import HERE, Processes, child_env, free_port
 
 from tf_spectrain.cluster import watchdog
 
-pytestmark = pytest.mark.exclusive  # its workers answer within watchdog deadlines
+# The tests of `loopback_run` are exclusive: its workers answer within watchdog deadlines of
+# fractions of a second. The killed-worker runs allow 30 s and share the cores.
+exclusive = pytest.mark.exclusive
 
 CHILD = HERE / "remote_pipeline_child.py"
 BUSY_SECONDS = 1.2  # each forward of the busy stage
@@ -76,6 +78,7 @@ def loopback_run(tmp_path_factory):
     return dict(result, cluster=cluster)
 
 
+@exclusive
 def test_a_pipeline_across_two_workers_equals_the_same_pipeline_on_local_devices(loopback_run):
     # the module's child, which then makes the watchdog checks below on the same workers
     results = dict(loopback_run["equal"])
@@ -132,8 +135,9 @@ def test_a_run_whose_worker_dies_resumes_on_a_fresh_cluster(doomed_workers, tmp_
 
 
 def test_a_windowed_run_whose_worker_dies_stops_naming_it(doomed_workers, tmp_path):
-    # Windows (--prediction-every 0: steps_per_execution "auto" runs 8 mini-batches per
-    # graph call, one remote call each): a lost worker stops them as promptly, named.
+    # Windows (--prediction-every 0: steps_per_execution "auto" runs a graph call per
+    # mini-batch on workers' CPUs, the passes of both workers in it): a lost worker stops
+    # them as promptly, named.
     cluster, procs = doomed_workers
     logdir = tmp_path / "run"
     flags = ["--gpus-per-host", "2", "--model", "mlp", "--mode", "stash", "--cuts",
@@ -179,6 +183,7 @@ def _kill_mid_run(cluster, procs, flags, logdir, out_path, err_path):
 # --- the watchdog on the same workers ------------------------------------------------------
 
 
+@exclusive
 def test_a_busy_worker_is_not_declared_lost(loopback_run):
     busy = loopback_run["busy"]
     assert busy["error"] is None
@@ -193,6 +198,7 @@ def test_a_busy_worker_is_not_declared_lost(loopback_run):
     assert max(e - s for s, e in during) < min(0.5, BUSY_DEADLINE / 2)
 
 
+@exclusive
 def test_a_stopped_worker_fails_fit_within_the_target_naming_it(loopback_run):
     stop = loopback_run["stop"]
     address = loopback_run["cluster"].split(",")[1]
