@@ -76,14 +76,9 @@ def calibrated(profile, alone, batch_size):
 def child_stage_times(args):
     """In a child: links.py's pipeline of `args.model`, stash, on 2 local devices of one core
     each, pass by pass (every pass timed), 2 epochs of 12 mini-batches; prints each stage's
-    median forward, backward and update seconds of the second epoch as JSON, and the
-    images/s of the same model's Keras `fit` on one of the devices in the same process
-    (`alone_images_per_s`: the speed of the machine when the stages were timed)."""
+    median forward, backward and update seconds of the second epoch as JSON."""
     devices = common.prepare_tensorflow(2)
-    import time
-
     import keras
-    import tensorflow as tf
 
     import tf_spectrain
     from tf_spectrain import schedule
@@ -99,24 +94,15 @@ def child_stage_times(args):
                                       if done == kind)
               for kind in (schedule.FORWARD, schedule.BACKWARD, schedule.UPDATE)}
              for timeline in pipe.state.timelines]
-    keras.utils.set_random_seed(0)
-    with tf.device(devices[0]):
-        alone = links.build_model(args.model)
-        alone.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        data = common.synthetic_images(args.batch_size, 12)
-        alone.fit(data, epochs=1, verbose=0)  # builds the graphs
-        started = time.perf_counter()
-        alone.fit(data, epochs=1, verbose=0)
-        seconds = time.perf_counter() - started
     print(json.dumps({"model": args.model, "batch_size": args.batch_size,
-                      "cuts": links.CUTS[args.model], "stages": times,
-                      "alone_images_per_s": 12 * args.batch_size / seconds}))
+                      "cuts": links.CUTS[args.model], "stages": times}))
 
 
 def stage_times(path, model, batch_size):
-    """Each stage's measured pass times (`child_stage_times`), read from `path` if it holds
-    them for `model` at `batch_size`, else measured and written there."""
+    """Each stage's measured pass times (`child_stage_times`) and, right after, the images/s
+    of one host alone as links.py measures it (`alone_images_per_s`: the machine's speed
+    when the stages were timed), read from `path` if it holds them for `model` at
+    `batch_size`, else measured and written there."""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             cached = json.load(f)
@@ -128,6 +114,10 @@ def stage_times(path, model, batch_size):
         "benchmarks.links_calibration", ["--what", "stage-times", "--model", model,
                                          "--batch-size", str(batch_size)],
         f"stage times of {model}", dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    # The machine's speed meanwhile, measured as links.py measures one host alone.
+    alone = links.measure(links.parse_args(["--model", model, "--batch-size", str(batch_size)]),
+                          "alone", "unshaped")
+    measured["alone_images_per_s"] = alone["images_per_s"]
     with open(path, "w", encoding="utf-8") as f:
         json.dump(measured, f, indent=1)
     return measured

@@ -26,9 +26,11 @@ of every weight after the backward: `dp` sums gradients with a collective after 
 backward), plus a call per window. The pipelines are `predict_pipeline` with links.py's
 cut for an epoch of the records' mini-batches in their windows (fill and drain, each
 window after the one before, forwards carried across a window's end recomputed), hand-offs
-beside compute; paper SpecTrain recomputes stage 0's forward in its backward. The model
-leaves out the trainer: it feeds stage 0 the inputs (0.8 MB per mini-batch of VGG16 at
-batch 64) over stage 0's link, and runs on the same 2 cores.
+beside compute; paper SpecTrain recomputes stage 0's forward in its backward. Stage 0's
+link in bounds the pipelines too: it carries each mini-batch's inputs from the trainer
+(0.8 MB for 64 images of 32 px; twice in windows of one) beside the gradients from stage
+1. The model leaves out the trainer's CPU (a third process on the same 2 cores; 0.01-0.05
+of a core measured).
 
 Also the rates where the lines cross, from the same model: where data parallelism's
 all-reduce takes as long as its compute, and where each pipeline overtakes it.
@@ -124,10 +126,16 @@ def predict(profile, config, rate, batch_size, steps, latency, model="vgg16", li
     if config == "dp":
         step = costmodel.predict_data_parallel(profile, hw, batch_size).seconds_per_batch
         return batch_size / (step + call / (window or 1))
-    return costmodel.predict_pipeline(
+    pipeline = costmodel.predict_pipeline(
         profile, hw, batch_size, links.CUTS[model], num_batches=steps, overlap=True,
         recompute=PIPELINES[config], window=window if steps else None,
         call_seconds=call).images_per_second
+    # Stage 0's link in carries the inputs from the trainer (once per mini-batch, twice in
+    # windows of one: again for the recomputed forward) and the gradients from stage 1.
+    copies = 2 if window == 1 else 1
+    inbound = batch_size * (copies * profile.input_bytes
+                            + profile.stage_costs(links.CUTS[model])[0].output_bytes)
+    return min(pipeline, batch_size / (inbound / (bits(rate, link) / 8)))
 
 
 def crossings(profile, batch_size, steps, args, link):
@@ -140,7 +148,7 @@ def crossings(profile, batch_size, steps, args, link):
 
     def at(gbits, config):
         return predict(profile, config, f"{gbits * 1e3:.6f}mbit", batch_size, steps, latency,
-                       link=link, window=args.window)
+                       model=args.model, link=link, window=args.window)
 
     def bisect(ahead):  # ahead(rate in Gbit/s) is True at low rates, False at high ones
         low, high = 1e-3, 1e3
@@ -176,8 +184,8 @@ def measured_table(records, profile, args, link):
         if config == "alone":
             continue
         measured = statistics.median(cell)
-        predicted = predict(profile, config, rate, batch, steps, args.latency, link=link,
-                            window=window)
+        predicted = predict(profile, config, rate, batch, steps, args.latency,
+                            model=args.model, link=link, window=window)
         error = (predicted - measured) / measured
         errors.append(abs(error))
         rows.append([rate, config, "-" if window is None else str(window), str(len(cell)),
@@ -189,9 +197,9 @@ def predicted_table(profile, batch, steps, args, link):
     """Markdown: predicted images/s of every configuration at `args.rates`."""
     rows = []
     for rate in args.rates:
-        dp = predict(profile, "dp", rate, batch, steps, args.latency, link=link,
+        dp = predict(profile, "dp", rate, batch, steps, args.latency, model=args.model, link=link,
                      window=args.window)
-        cells = [predict(profile, c, rate, batch, steps, args.latency, link=link,
+        cells = [predict(profile, c, rate, batch, steps, args.latency, model=args.model, link=link,
                          window=args.window) for c in PIPELINES]
         rows.append([rate, f"{dp:.1f}"] + [f"{c:.1f} ({c / dp:.2f}x)" for c in cells])
     return common.markdown_table(
@@ -211,9 +219,9 @@ def plot(records, profile, args, link, path):
     rates = [10 ** (7 + k / 8) for k in range(25)]  # 10 Mbit/s .. 10 Gbit/s
     for config in PIPELINES:
         predicted = [predict(profile, config, f"{r / 1e6:.6f}mbit", batch, steps, args.latency,
-                             link=link, window=args.window)
+                             model=args.model, link=link, window=args.window)
                      / predict(profile, "dp", f"{r / 1e6:.6f}mbit", batch, steps, args.latency,
-                               link=link, window=args.window) for r in rates]
+                               model=args.model, link=link, window=args.window) for r in rates]
         ax.plot([r / 1e6 for r in rates], predicted, "-", color=colours[config], alpha=0.6,
                 label=f"{names[config]}, predicted (windows of {args.window})")
         windows = sorted({window_of(r) for r in records if r["config"] == config},

@@ -80,3 +80,26 @@ def test_stage_calibration_gives_each_stage_its_measured_passes():
     # within a stage the layers keep their shares
     assert staged.layers[1].forward_time == pytest.approx(3 * staged.layers[0].forward_time)
     assert [layer.weight_bytes for layer in staged.layers] == [1e6, 1e6, 3e6]
+
+
+def test_links_builds_each_model_it_cuts_at_its_cut():
+    for name, cuts in links.CUTS.items():
+        model = links.build_model(name)
+        assert all(model.get_layer(cut) is not None for cut in cuts), name
+        assert model.input_shape == (None, 32, 32, 3) and model.output_shape == (None, 10)
+    wide = links.build_model("mlp_wide")
+    # weights large next to the activations at the cut: 42 MB against 2,048 floats an image
+    assert 4 * wide.count_params() > 40e6
+    assert wide.get_layer("dense1").output.shape[-1] == 2048
+
+
+def test_stage_0s_link_in_carries_the_inputs_once_or_twice_and_the_gradient(monkeypatch):
+    monkeypatch.setitem(links.CUTS, "toy", ["a"])
+    layers = [costmodel.LayerProfile("a", 0.001, 0.001, 1e4, 0, 0),  # 0.1 MB a batch
+              costmodel.LayerProfile("b", 0.001, 0.001, 10, 0, 0)]
+    profile = costmodel.ModelProfile(layers, 10, "toy", input_bytes=1e5)  # 1 MB a batch
+    link = {"8mbit": {"rate_mb_per_s": 1.0, "call_s": 0.0}}  # 1 MB/s
+    got = [links_predict.predict(profile, "stash", "8mbit", 10, 24, 0.0, model="toy",
+                                 link=link, window=w) for w in (1, 8)]
+    # 2 s or 1 s of inputs a batch, and the gradient at the cut (0.1 s), on stage 0's link in
+    assert got == pytest.approx([10 / 2.1, 10 / 1.1])
