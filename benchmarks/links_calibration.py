@@ -30,16 +30,22 @@ Calibrated = collections.namedtuple("Calibrated", "whole stages")
 pipelines, to each stage's measured passes (`stages`)."""
 
 
-def bits(rate, link=None):
-    """A link's bits per second as tensors meet it: `link`'s measurement at `rate`, else
-    the shaped rate at 97% capped by `link`'s unshaped one; without `link`, the shaped
-    rate or `UNSHAPED_BITS`."""
+def bits(rate, link=None, both_ways=False):
+    """A link's bits per second as tensors meet it: `link`'s measurement at `rate` (with
+    `both_ways`, the rate of each direction while both hosts send at once, where measured),
+    else the shaped rate at 97% capped by `link`'s unshaped one; without `link`, the
+    shaped rate or `UNSHAPED_BITS`."""
     shaped = emulated_hosts.rate_bits(rate)
     if not link:
         return shaped or UNSHAPED_BITS
+    key = "both_ways_mb_per_s" if both_ways else "rate_mb_per_s"
+
+    def measured(record):
+        return record.get(key, record["rate_mb_per_s"]) * 8e6
+
     if rate in link:
-        return link[rate]["rate_mb_per_s"] * 8e6
-    ceiling = link["unshaped"]["rate_mb_per_s"] * 8e6 if "unshaped" in link else UNSHAPED_BITS
+        return measured(link[rate])
+    ceiling = measured(link["unshaped"]) if "unshaped" in link else UNSHAPED_BITS
     return ceiling if shaped is None else min(0.97 * shaped, ceiling)
 
 

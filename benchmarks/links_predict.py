@@ -23,7 +23,8 @@ Each link.py record (one configuration at one link rate) is predicted from what
 
 Data parallelism is `predict_data_parallel` over 2 devices on 2 hosts (a ring all-reduce
 of every weight after the backward: `dp` sums gradients with a collective after each
-backward), plus a call per window. The pipelines are `predict_pipeline` with links.py's
+backward) at the rate a tensor moves each way while both hosts send at once, plus a call
+per window. The pipelines are `predict_pipeline` with links.py's
 cut for an epoch of the records' mini-batches in their windows (fill and drain, each
 window after the one before, forwards carried across a window's end recomputed), hand-offs
 beside compute; paper SpecTrain recomputes stage 0's forward in its backward. Stage 0's
@@ -89,11 +90,11 @@ def parse_args(argv):
     return args
 
 
-def hardware(rate, latency, link=None):
-    """2 hosts of one device each (one core per worker), joined at `rate`."""
+def hardware(rate, latency, link=None, both_ways=False):
+    """2 hosts of one device each (one core per worker), joined at `rate` (as `bits`)."""
     from tf_spectrain import costmodel
 
-    per_second = bits(rate, link) / 8
+    per_second = bits(rate, link, both_ways) / 8
     return costmodel.Hardware(2, 1.0, bandwidth=per_second, latency=latency, num_hosts=2,
                               inter_host_bandwidth=per_second, inter_host_latency=latency,
                               name=str(rate))
@@ -123,8 +124,9 @@ def predict(profile, config, rate, batch_size, steps, latency, model="vgg16", li
     call = call_seconds(rate, link)
     if config == "alone":
         return costmodel.predict_single(profile, hw, batch_size).images_per_second
-    if config == "dp":
-        step = costmodel.predict_data_parallel(profile, hw, batch_size).seconds_per_batch
+    if config == "dp":  # its copies exchange their gradients both ways at once
+        step = costmodel.predict_data_parallel(
+            profile, hardware(rate, latency, link, both_ways=True), batch_size).seconds_per_batch
         return batch_size / (step + call / (window or 1))
     pipeline = costmodel.predict_pipeline(
         profile, hw, batch_size, links.CUTS[model], num_batches=steps, overlap=True,

@@ -15,7 +15,10 @@ rate, the median call time of each size, and the least-squares line through them
     seconds per call = call_s + megabytes / rate_mb_per_s
 
 `call_s` (S = 0: a scalar) is what a graph call over both workers costs with nothing to
-move; `rate_mb_per_s` is the rate a tensor moves at. Records go to `--out-jsonl`.
+move; `rate_mb_per_s` is the rate a tensor moves at. Then both hosts send S MB to each
+other at once, as data parallelism's exchange of gradients does: `both_ways_mb_per_s` is
+the rate each direction moves at then (each process serialises what it sends and
+deserialises what it receives on its one core). Records go to `--out-jsonl`.
 """
 
 import argparse
@@ -65,27 +68,49 @@ def child(args):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     devices = tf_spectrain.connect_cluster(args.cluster, devices_per_worker=1, timeout=60)
-    seconds = {}
+    seconds, both = {}, {}
     for size in args.sizes:
         elements = max(1, int(size * 1e6 / 4))
-        with tf.device(devices[0]):
-            source = tf.Variable(tf.ones((elements,)))
+        sources = []
+        for device in devices[:2]:
+            with tf.device(device):
+                sources.append(tf.Variable(tf.ones((elements,))))
 
         @tf.function
-        def move(source=source):
+        def move(sources=sources):
             with tf.device(devices[0]):
-                x = source.read_value() + 0.0  # computed on host 0
+                x = sources[0].read_value() + 0.0  # computed on host 0
             with tf.device(devices[1]):
                 return tf.reduce_sum(x)  # needs x on host 1
 
-        move().numpy()  # builds the graph
-        times = []
-        for _ in range(args.calls):
-            started = time.perf_counter()
-            move().numpy()
-            times.append(time.perf_counter() - started)
-        seconds[str(size)] = times
-    print(json.dumps({"seconds": seconds}))
+        @tf.function
+        def swap(sources=sources):  # both ways at once, as data parallelism's exchange
+            xs = []
+            for device, source in zip(devices, sources):
+                with tf.device(device):
+                    xs.append(source.read_value() + 0.0)
+            sums = []
+            for device, x in zip(reversed(devices[:2]), xs):
+                with tf.device(device):
+                    sums.append(tf.reduce_sum(x))
+            return sums
+
+        seconds[str(size)] = _timed(move, args.calls)
+        both[str(size)] = _timed(swap, args.calls)
+    print(json.dumps({"seconds": seconds, "both_ways": both}))
+
+
+def _timed(function, calls):
+    """Seconds of each of `calls` calls of `function`, after one that builds its graph."""
+    function()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        outputs = function()
+        for output in outputs if isinstance(outputs, list) else [outputs]:
+            output.numpy()
+        times.append(time.perf_counter() - started)
+    return times
 
 
 def fit(sizes, medians):
@@ -107,11 +132,14 @@ def measure(args, rate):
         out = hosts.run(2, cmd, timeout=1800, env=env, cwd=common.ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"tensor_link at {rate} failed:\n{out.stderr[-3000:]}")
-    seconds = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    seconds, both = result["seconds"], result["both_ways"]
     medians = [statistics.median(seconds[str(s)]) for s in args.sizes]
+    both_medians = [statistics.median(both[str(s)]) for s in args.sizes]
     call_s, rate_mb = fit(args.sizes, medians)
     return {"rate": rate, "sizes_mb": args.sizes, "median_s": medians, "seconds": seconds,
-            "call_s": call_s, "rate_mb_per_s": rate_mb}
+            "call_s": call_s, "rate_mb_per_s": rate_mb, "both_ways_median_s": both_medians,
+            "both_ways_s": both, "both_ways_mb_per_s": fit(args.sizes, both_medians)[1]}
 
 
 def main(argv=None):
@@ -127,12 +155,15 @@ def main(argv=None):
         shaped = emulated_hosts.rate_bits(rate)
         rows.append([rate] + [f"{1e3 * m:.1f}" for m in record["median_s"]] + [
             f"{1e3 * record['call_s']:.1f}", f"{record['rate_mb_per_s']:.1f}",
+            f"{record['both_ways_mb_per_s']:.1f}",
             "-" if shaped is None else f"{shaped / 8e6:.1f}"])
         print(f"{rate}: call {1e3 * record['call_s']:.1f} ms, "
-              f"{record['rate_mb_per_s']:.1f} MB/s", flush=True)
+              f"{record['rate_mb_per_s']:.1f} MB/s one way, "
+              f"{record['both_ways_mb_per_s']:.1f} MB/s each way at once", flush=True)
     common.publish(common.markdown_table(
-        ["link"] + [f"{s:g} MB (ms)" for s in args.sizes] + ["call_s (ms)", "MB/s",
-                                                              "shaped MB/s"], rows), args.out)
+        ["link"] + [f"{s:g} MB (ms)" for s in args.sizes] + [
+            "call_s (ms)", "MB/s", "MB/s each way, both at once", "shaped MB/s"], rows),
+        args.out)
     return 0
 
 

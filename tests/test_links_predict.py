@@ -103,3 +103,16 @@ def test_stage_0s_link_in_carries_the_inputs_once_or_twice_and_the_gradient(monk
                                  link=link, window=w) for w in (1, 8)]
     # 2 s or 1 s of inputs a batch, and the gradient at the cut (0.1 s), on stage 0's link in
     assert got == pytest.approx([10 / 2.1, 10 / 1.1])
+
+
+def test_data_parallelism_exchanges_at_the_rate_of_both_ways_at_once():
+    link = {"unshaped": {"rate_mb_per_s": 900.0, "call_s": 0.0, "both_ways_mb_per_s": 450.0},
+            "1gbit": {"rate_mb_per_s": 120.0, "call_s": 0.0}}  # an older record: one way
+    assert links_calibration.bits("unshaped", link, both_ways=True) == 450 * 8e6
+    assert links_calibration.bits("unshaped", link) == 900 * 8e6
+    assert links_calibration.bits("1gbit", link, both_ways=True) == 120 * 8e6
+    assert links_calibration.bits("10gbit", link, both_ways=True) == 450 * 8e6  # the ceiling
+    profile = links_calibration.calibrated(_toy(), alone=20.0, batch_size=10)  # 0.5 s a batch
+    # 0.25 s of compute, then the 4 MB of gradients at 450 MB/s
+    dp = links_predict.predict(profile, "dp", "unshaped", 10, 24, 0.0, link=link, window=1)
+    assert dp == pytest.approx(10 / (0.25 + 4e6 / 450e6))
