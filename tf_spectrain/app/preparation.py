@@ -19,7 +19,7 @@ from tf_spectrain.callbacks import PipelineCheckpoint
 from tf_spectrain.checkpoint import layout
 from tf_spectrain.cluster import connect_cluster, trainer_job
 from tf_spectrain.pipeline_model import PipelineModel
-from tf_spectrain.runtime.loop import on_workers_cpus
+from tf_spectrain.runtime.loop import on_accelerators, on_workers_cpus
 from tf_spectrain.schedule import modes
 from tf_spectrain.workflow import input_checks
 
@@ -320,9 +320,7 @@ def graph_calls(setting, run_eagerly, device_names):
     """
     if run_eagerly or setting != "auto":
         return setting, run_eagerly
-    accelerators = any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
-                       for d in device_names)
-    if accelerators or on_workers_cpus(device_names):
+    if on_accelerators(device_names) or on_workers_cpus(device_names):
         return setting, False
     return 1, True  # a CPU-only machine: pass by pass
 

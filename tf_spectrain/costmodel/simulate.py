@@ -126,11 +126,11 @@ class _Run:
                       for k, ops in enumerate(stages) for op in ops}
 
     def _source(self, k, op):
-        """The stage whose pass `op` of stage k waits for, or None."""
-        source = k - 1 if op.kind == schedule.FORWARD else k + 1
-        last = len(self.forward) - 1
-        return source if 0 <= source <= last and not (op.kind != schedule.FORWARD and k == last) \
-            else None
+        """The stage whose pass `op` of stage k waits for, or None (stage 0's forwards;
+        the last stage's backwards follow its own forwards)."""
+        if op.kind == schedule.FORWARD:
+            return k - 1 if k > 0 else None
+        return k + 1 if k < len(self.forward) - 1 else None
 
     def window(self, w, start):
         """Runs window w from `start`; returns when its last pass ends."""

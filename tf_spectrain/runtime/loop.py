@@ -89,11 +89,15 @@ def window_size(setting, callbacks, run_eagerly=False, devices=()):
     return AUTO_WINDOW
 
 
+def on_accelerators(devices):
+    """Whether any of the device names is not a CPU (a GPU, a TPU)."""
+    return any((tf.DeviceSpec.from_string(d).device_type or "CPU").upper() != "CPU"
+               for d in devices)
+
+
 def on_workers_cpus(devices):
     """Whether a stage is on a worker of a cluster and none on an accelerator."""
-    kinds = [(tf.DeviceSpec.from_string(d).device_type or "CPU").upper() for d in devices]
-    return (all(kind == "CPU" for kind in kinds)
-            and any(health.task_of(d) is not None for d in devices))
+    return not on_accelerators(devices) and any(health.task_of(d) is not None for d in devices)
 
 
 def pass_times(callbacks):
