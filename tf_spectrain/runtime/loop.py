@@ -265,7 +265,8 @@ class FitLoop:
             runner.events.clear()
             runner.memory.reset_peak()  # each epoch's peak
         progress.epoch_progress = (epoch, 0, n)
-        read_rate = learning_rate_reader(pipe.runners[-1].optimizer)
+        optimizer = pipe.runners[-1].optimizer
+        read_rate = []  # learning_rate_reader's function, made at the epoch's first batch
         label = f"epoch {epoch}"
         every = options.updates_every(pipe.num_stages)
         # 2bw under a dynamic loss scale runs pass by pass (its held gradients' scales).
@@ -286,7 +287,11 @@ class FitLoop:
 
         def on_begin(i):
             self.callbacks.on_train_batch_begin(i)
-            return run.wait_for(read_rate)  # a remote read that a lost worker cannot hang
+            # Remote reads that a lost worker cannot hang, inside the epoch's `run` (a lost
+            # worker is then named): the rate's kind (its config reads the variable), the rate.
+            if not read_rate:
+                read_rate.append(run.wait_for(lambda: learning_rate_reader(optimizer)))
+            return run.wait_for(read_rate[0])
 
         self._run = run
         started = time.perf_counter()
