@@ -15,6 +15,7 @@ benchmarks/links.py's grid: the compute (the whole model and each stage) and the
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -64,6 +65,12 @@ def read_link(path):
     return {r["rate"]: r for r in common.read_jsonl(path)}
 
 
+def _scaled(layer, forward, backward):
+    """`layer` (a `costmodel.LayerProfile`) with its forward and backward times scaled."""
+    return dataclasses.replace(layer, forward_time=layer.forward_time * forward,
+                               backward_time=layer.backward_time * backward)
+
+
 def calibrated(profile, alone, batch_size):
     """`profile` at `batch_size`, every layer scaled so that one device trains at `alone`
     images/s."""
@@ -72,10 +79,7 @@ def calibrated(profile, alone, batch_size):
     profile = hosts_predict.dataclass_batch(profile, batch_size)
     one = costmodel.predict_single(profile, costmodel.Hardware(1, 1.0), batch_size)
     scale = (batch_size / alone) / one.seconds_per_batch
-    layers = [costmodel.LayerProfile(
-        layer.name, layer.forward_time * scale, layer.backward_time * scale,
-        layer.output_bytes, layer.weight_bytes, layer.activation_bytes)
-        for layer in profile.layers]
+    layers = [_scaled(layer, scale, scale) for layer in profile.layers]
     return costmodel.ModelProfile(layers, batch_size, profile.name, profile.input_bytes)
 
 
@@ -142,9 +146,7 @@ def stage_calibrated(profile, times, cuts, scale=1.0):
         forward = scale * measured["forward"] / sum(layer.forward_time for layer in stage)
         backward = scale * (measured["backward"] + measured["update"]) / sum(
             layer.backward_time for layer in stage)
-        layers += [costmodel.LayerProfile(
-            layer.name, layer.forward_time * forward, layer.backward_time * backward,
-            layer.output_bytes, layer.weight_bytes, layer.activation_bytes) for layer in stage]
+        layers += [_scaled(layer, forward, backward) for layer in stage]
         first = end + 1
     return costmodel.ModelProfile(layers, profile.batch_size, profile.name, profile.input_bytes)
 
