@@ -1,71 +1,125 @@
-"""The stages of a pipeline really run at once: CPU time against wall time in a subprocess.
+"""The stages of a pipeline really run at once: each stage's layer waits inside its pass for
+the other stage's, and the two must meet.
 
-Each stage's thread can use one core (one intra-op thread per op, two logical devices on
-two cores), so a 2-stage fit whose stages overlap uses clearly more than one core, and one
-whose stages take turns uses one. The fits run in a child process (TensorFlow's thread
-settings are fixed when it starts), one child for both measurements. A lock around every
+A stage whose passes only start once the other stage's have ended can never be inside its
+layer while the other is, whatever the machine's load; stages that run at once meet within
+the first passes of a fit (each waits up to `WAIT` seconds for the other). So this checks
+overlap without timing anything: pass by pass (a thread per stage) and in windows (one
+graph per window, whose ops TensorFlow runs as their inputs arrive). A lock around every
 pass stands in for a runtime that runs the stages one at a time, and must be caught.
+
+How many cores the overlapping stages use is a timing figure, measured in
+`benchmarks/overlap.py` (CPU/wall beside images/s).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import threading
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
+from conftest import DEVICES
+from runtimes import EAGER, compile_quietly
 
-pytestmark = pytest.mark.exclusive  # it measures how many cores two stages use
+import tf_spectrain
+from tf_spectrain.runtime.stage import StageRunner
 
-CHILD = Path(__file__).with_name("concurrency_child.py")
-ROOT = CHILD.parent.parent
-# Measured here: 1.75-1.77 cores for stash and paper SpecTrain, 1.32-1.33 with the stages
-# taking turns (independent ops inside one pass still run side by side on the two
-# inter-op threads, so not 1.0).
-OVERLAPPED = 1.55  # stages that run at once use more than this many cores
-MARGIN = 0.2  # ... and this many more than the same pipeline with its stages taking turns
-
-needs_two_cores = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores to show overlap"
-)
+WAIT = 1.0  # seconds a stage's layer waits for the other's (the first pass always does)
 
 
-@pytest.fixture(scope="module")
-def measured():
-    """CPU/wall of a spectrain pipeline's fit (`free`) and of the same model as a stash
-    pipeline with a lock that lets one stage compute at a time (`taking_turns`).
+class Meeting:
+    """Where the two stages' layers meet: `met` is set once both are inside at once."""
 
-    One child measures both (a TensorFlow start costs more than a measurement): the
-    thread settings are the same for both."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    out = subprocess.run(
-        [sys.executable, str(CHILD), "--mode", "spectrain", "--serialised-mode", "stash"],
-        capture_output=True, text=True, timeout=600, env=env, check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    record = json.loads(out.stdout.strip().splitlines()[-1])
-    print(record)
-    return record["free"]["cores"], record["taking_turns"]["cores"], record["windows"]["cores"]
+    def __init__(self, wait):
+        self.wait = wait
+        self.inside = set()
+        self.entries = 0
+        self.lock = threading.Lock()
+        self.met = threading.Event()
 
-
-@needs_two_cores
-def test_two_stages_use_more_than_one_core(measured):
-    used, taking_turns, _ = measured  # spectrain: stash runs the same threads, fewer passes
-    assert used > OVERLAPPED
-    assert used > taking_turns + MARGIN
+    def enter(self, k):
+        """Stage k's layer: inside until the other stage comes in too, or `wait` passes."""
+        with self.lock:
+            self.entries += 1
+            self.inside.add(k)
+            if len(self.inside) == 2:
+                self.met.set()
+        self.met.wait(self.wait)
+        with self.lock:
+            self.inside.discard(k)
+        return np.float32(0.0)
 
 
-@needs_two_cores
-def test_two_stages_in_one_window_graph_use_more_than_one_core(measured):
-    # Windows of 8 mini-batches: one graph per window, whose ops TensorFlow runs on their
-    # devices as their inputs arrive; the stages overlap without a thread each.
-    _, taking_turns, windows = measured
-    assert windows > OVERLAPPED
-    assert windows > taking_turns + MARGIN
+MEETINGS = {}  # name -> Meeting: a layer's config names its meeting (stages copy layers)
 
 
-@needs_two_cores
-def test_stages_that_take_turns_are_caught(measured):
-    _, taking_turns, _ = measured
-    assert taking_turns < OVERLAPPED
+class Meet(keras.layers.Layer):
+    """Passes its input (and its gradient) on; `Meeting.enter` of its stage runs in each of
+    its forward and backward passes, inside the graph."""
+
+    def __init__(self, meeting, stage, **kwargs):
+        super().__init__(**kwargs)
+        self.meeting, self.stage = meeting, stage
+
+    def get_config(self):
+        return {**super().get_config(), "meeting": self.meeting, "stage": self.stage}
+
+    def call(self, x):
+        meeting, stage = MEETINGS[self.meeting], self.stage
+
+        def enter(t):  # in the forward and in the backward
+            waited = tf.numpy_function(lambda _: meeting.enter(stage), [t], tf.float32,
+                                       stateful=False)
+            return tf.ensure_shape(waited, ())
+
+        @tf.custom_gradient
+        def through(x):
+            return x + enter(x), lambda dy: dy + enter(dy)
+
+        return through(x)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def _fit(meeting, mode, steps_per_execution, batches=3):
+    MEETINGS.clear()
+    MEETINGS["m"] = meeting
+    keras.utils.set_random_seed(0)
+    x = inp = keras.Input((8,))
+    x = keras.layers.Dense(16, activation="relu", name="dense0")(x)
+    x = Meet("m", 0, name="meet0")(x)
+    x = Meet("m", 1, name="meet1")(x)
+    model = keras.Model(inp, keras.layers.Dense(4, name="logits")(x))
+    pipe = tf_spectrain.PipelineModel(model, cuts=["meet0"], devices=DEVICES[:2], mode=mode)
+    compile_quietly(pipe, tf_spectrain.SpecTrainSGD(0.01, momentum=0.9),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=steps_per_execution)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4 * batches, 8)).astype("float32")
+    y = rng.integers(0, 4, len(x))
+    pipe.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+
+
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 8])
+@pytest.mark.parametrize("mode", ["spectrain", "stash"])
+def test_two_stages_are_inside_their_passes_at_once(mode, steps_per_execution):
+    meeting = Meeting(WAIT)
+    _fit(meeting, mode, steps_per_execution)
+    assert meeting.met.is_set(), f"{meeting.entries} passes, never both stages at once"
+
+
+def test_stages_that_take_turns_are_caught(monkeypatch):
+    lock = threading.Lock()
+    for name in ("forward", "backward", "update"):
+        original = getattr(StageRunner, name)
+
+        def locked(self, *args, _original=original, **kwargs):
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(StageRunner, name, locked)
+    meeting = Meeting(0.3)  # each pass waits it out alone: keep the fit short
+    _fit(meeting, "stash", EAGER, batches=2)
+    assert meeting.entries >= 4  # every forward of both stages came in, and waited
+    assert not meeting.met.is_set()
