@@ -128,7 +128,7 @@ def stalled(call):
 
 
 @pytest.mark.parametrize("spe", [EAGER, 4])
-@pytest.mark.parametrize("mode", ["sync", "vanilla", "stash", "spectrain"])
+@pytest.mark.parametrize("mode", ["sync", "spectrain"])  # vanilla and stash: spectrain's runs
 def test_a_stage_stuck_in_a_layer_ends_fit_with_where_each_stage_is(mode, spe):
     name = gate()
     pipe = pipeline(model(name), spe=spe, mode=mode)

@@ -25,8 +25,8 @@ import tensorflow as tf
 
 import tf_spectrain
 
-pytestmark = pytest.mark.exclusive  # its servers and signals are timed
-
+# Not exclusive: the time bounds below only tell a bounded wait from a hang, with room for a
+# machine the other test worker keeps busy (a 1 s connection timeout ends within 6 s).
 HERE = Path(__file__).parent
 CHILD = HERE / "cluster_child.py"
 FAKE = HERE / "cluster_fake_worker.py"
@@ -204,7 +204,7 @@ def test_tensorflow_binds_every_interface_as_the_worker_says(servers):
 def test_connect_cluster_lists_the_devices_and_runs_ops_and_variables_remotely(trainer):
     result = result_of(trainer, "ops")
     assert result["devices"] == [device(0, 0), device(0, 1), device(1, 0), device(1, 1)]
-    assert result["elapsed"] < 10
+    assert result["elapsed"] < 20
     assert result["matmul_device"] == device(1, 1)
     assert result["matmul_max_error"] < 1e-5
     assert result["variable_device"] == device(1, 0)
@@ -228,7 +228,7 @@ def test_an_address_that_is_not_listening_is_named_within_the_timeout(trainer, d
         f"Worker task {dead} ({addresses[dead]}) is not listening: connection "
         "refused (waited up to 1 s for all workers)")
     assert f"--task {dead} --bind-all" in result["message"]
-    assert 0.9 < result["elapsed"] < 3.0
+    assert 0.9 < result["elapsed"] < 6.0
 
 
 def test_workers_started_with_another_cluster_are_refused(servers, trainer):
@@ -273,7 +273,7 @@ def test_sigterm_and_sigint_stop_a_worker_with_exit_code_0(servers, trainer):
         start = time.monotonic()
         os.kill(proc.pid, getattr(signal, name))
         assert proc.wait(timeout=10) == 0
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0
         assert servers.procs.wait_line(proc, "stopped by").endswith(f"stopped by {name}")
 
 
