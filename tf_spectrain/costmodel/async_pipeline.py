@@ -61,8 +61,8 @@ def predict_pipeline(
             the trainer's, count as remote).
         window: None, or `K`: the epoch of `num_batches` runs in the runtime's windows of
             K mini-batches, one graph call each (`simulate.simulate_epoch`'s `window`: a
-            window starts when the one before has ended, and a backward whose forward ran
-            in an earlier window recomputes it unless it recomputes anyway).
+            window starts when the one before has ended; a forward's intermediates cross
+            windows, so a window boundary recomputes nothing).
         call_seconds: with `window`, what each window's graph call costs before its
             passes start (seconds >= 0; across hosts, the round trips of a call).
 
@@ -82,11 +82,9 @@ def predict_pipeline(
         if num_batches is None:
             raise ValueError("`window` needs `num_batches` (the epoch the windows cut). "
                              f"Received: window={window!r}, num_batches=None")
-        n, recompute = len(forward), check_recompute_flag(recompute)
-        recomputing = [recompute == "always" or (recompute is True and k < n - 1)
-                       for k in range(n)]
-        windows = dict(window=window, call_seconds=call_seconds, carried_forward=[
-            0.0 if recomputing[k] or k == n - 1 else forward[k] for k in range(n)])
+        # A forward whose backward comes in a later window hands its intermediates on
+        # (`runtime.split_pass`): no window recomputes what the schedule does not.
+        windows = dict(window=window, call_seconds=call_seconds)
     return _schedule_estimate(
         "pipeline", batch_size, forward, backward, send, [0.0] * len(forward), floor,
         num_batches, overlap, windows,

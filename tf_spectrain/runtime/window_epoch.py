@@ -18,6 +18,7 @@ from tf_spectrain.runtime import stall
 from tf_spectrain.runtime.feed import check_split, ran_out
 from tf_spectrain.runtime.graphs import unoptimized_calls
 from tf_spectrain.runtime.handoff import watched_call
+from tf_spectrain.runtime.split_pass import supports_split
 from tf_spectrain.runtime.window_carried import hand_on
 from tf_spectrain.runtime.window_errors import failed_op
 from tf_spectrain.runtime.window_functions import window_keeps
@@ -127,7 +128,9 @@ class WindowedEpoch:
         rates = None
         if with_rates:
             rates = {str(i - base): tf.constant(self._rates[i], tf.float64) for i in updated}
-        keeps = window_keeps(window, self.rules, [r.plan for r in self.setup.grid[0]])
+        stages = self.setup.grid[0]
+        keeps = window_keeps(window, self.rules, [r.plan for r in stages],
+                             [supports_split(r.passes.forward_at_fn) for r in stages])
         plan, samples = self.probes.plan(window)
         applies = None
         if self.setup.accumulate > 1:  # mode 2bw: which updates apply their group's gradient

@@ -112,16 +112,20 @@ class WindowFunctions:
         return entry
 
 
-def window_keeps(window, rules, plans):
+def window_keeps(window, rules, plans, carries=None):
     """What each forward of `window` keeps (`runtime.loop.keep_rules`), given the window.
 
-    A forward whose backward is in a later window cannot keep its activations: it keeps
-    its weights where the backward reuses them, else only its inputs.
+    A forward that keeps its activations keeps them for a backward in a later window too,
+    where its stage `carries` them (`runtime.split_pass`: the forward's intermediates
+    leave the window). Elsewhere such a forward cannot keep its activations: it keeps its
+    weights where the backward reuses them, else only its inputs (the backward recomputes).
 
     Args:
         window: a `schedule.windows.Window`.
         rules: one keep rule per stage (`keep((i, j))`).
         plans: each stage's `modes.PassPlan`.
+        carries: per stage, whether its activations can cross windows
+            (`split_pass.supports_split` of its forward); None: no stage's can.
 
     Returns:
         `{(k, i, j): ACTIVATIONS | INPUTS | WEIGHTS}` for the window's forwards.
@@ -132,7 +136,8 @@ def window_keeps(window, rules, plans):
         if op.kind != FORWARD:
             continue
         keep = rules[k]((op.batch, op.micro))
-        if keep == ACTIVATIONS and (k, op.batch, op.micro) not in backwards:
+        if (keep == ACTIVATIONS and (k, op.batch, op.micro) not in backwards
+                and not (carries and carries[k])):
             keep = WEIGHTS if plans[k].reuses_forward else INPUTS
         keeps[(k, op.batch, op.micro)] = keep
     return keeps

@@ -9,13 +9,14 @@ stages work side by side with no Python between passes.
 
 Which weights each pass uses does not depend on how the epoch is cut: TensorFlow runs the
 reads and writes of one variable in program order (automatic control dependencies), and the
-program keeps each stage's own order (SPECTRAIN.md section 3). What a window cannot hold is a
-forward whose backward comes in a later window: there the forward keeps its inputs and
-non-trainable state (and, where the backward reuses the forward's weights, those weights),
-which leave the window as tensors, and the backward recomputes the forward from them with
-the same weights and random state (SPECTRAIN.md section 5): the same result, at the cost of
-one more forward of each such mini-batch: the forwards stage k has in flight at the cut,
-about `N - 1 - k` mini-batches (up to `N - k`) in the asynchronous modes.
+program keeps each stage's own order (SPECTRAIN.md section 3). A forward that keeps its
+activations for a backward in a later window runs as TensorFlow's forward function, whose
+intermediates leave the window for the backward function there (`runtime.split_pass`,
+SPECTRAIN.md section 3a). Where that cannot be (an XLA stage), or where the backward
+recomputes anyway, the forward keeps its inputs and non-trainable state (and, where the
+backward reuses the forward's weights, those weights), which leave the window as tensors,
+and the backward recomputes the forward from them with the same weights and random state
+(SPECTRAIN.md section 5).
 
 Everything that crosses a window boundary is a dict of named tensors (`carried`): names
 count mini-batches from the first one the next window reports, so that every window of the
@@ -36,12 +37,38 @@ from tf_spectrain.runtime.graphs import (
 from tf_spectrain.runtime.loss_scale import ScaledGradient
 from tf_spectrain.runtime.memory import tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
+from tf_spectrain.runtime.split_pass import flat_tensors, split_backward, split_forward
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.runtime.window_carried import arrivals, decode, outgoing
 from tf_spectrain.runtime.window_errors import pass_name
 from tf_spectrain.runtime.window_probes import ProbeEmitter, pass_of
 from tf_spectrain.runtime.window_watch import PassMarks
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
+
+
+def _differentiated(passes, args):
+    """How many flat outputs of the stage's `forward_at(*args)` take gradients: its
+    outputs and its penalty."""
+    outputs = passes.forward_at_fn.get_concrete_function(*args).structured_outputs[0]
+    return len(tf.nest.flatten(outputs)) + 1
+
+
+def _gradients_of(targets, args, flat):
+    """The gradients of `targets` (tensors among `args`) from the gradients `flat` of
+    `args`' flat tensors, as `tf.GradientTape.gradient` gives them: zeros where
+    unconnected, summed where a tensor is passed twice."""
+    grads = []
+    tensors = flat_tensors(args)
+    for t in targets:
+        found = [g for u, g in zip(tensors, flat, strict=True) if u is t and g is not None]
+        if not found:
+            grads.append(tf.zeros_like(t))
+        else:
+            total = found[0]
+            for g in found[1:]:
+                total = add_gradients(total, g)
+            grads.append(total)
+    return grads
 
 
 def _per_example_bytes(tensors):
@@ -83,6 +110,8 @@ class WindowEmitter:
         self.live = {decode(name, self.base): value for name, value in carried.items()}
         self._arrived = arrivals(carried)
         self.tapes = {}
+        self._backwards = {(k, op.batch, op.micro) for k, op in window.program
+                           if op.kind == BACKWARD}
         self.flags = []  # (runner index, kind, (i, j), finite) in program order
         self.losses = []
         self.deferred = {}  # i -> stages whose update waits for every stage's backward of i
@@ -159,7 +188,13 @@ class WindowEmitter:
                 weights = self.live[stash]
             else:
                 weights = passes.weights(runner.plan.forward_steps)
-            if keep == ACTIVATIONS:
+            if keep == ACTIVATIONS and (k, i, j) not in self._backwards:
+                # Its backward comes in a later window: the intermediates go there.
+                args = (weights, inputs, labels_t, share)
+                (outputs, penalty, logits, finite), side = split_forward(
+                    passes.forward_at_fn, args, _differentiated(passes, args))
+                self.live[("split", k, i, j, r)] = {"side": side, "args": args}
+            elif keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
                     tape.watch(differentiable(passes.input_targets(inputs)))
@@ -201,8 +236,17 @@ class WindowEmitter:
             grads_out, out_scale, came_finite = passes.received(received)
             output_grads = with_penalty(grads_out, out_scale)
             taped = self.tapes.pop((k, i, j, r), None)
+            split = self.live.pop(("split", k, i, j, r), None)
             used = None  # the weights the backward used, where not recomputed from the plan
-            if taped is not None:
+            if split is not None:
+                args = split["args"]
+                used, inputs = args[0], args[1]
+                flat = split_backward(passes.forward_at_fn, args, _differentiated(passes, args),
+                                      split["side"], output_grads)
+                grads = _gradients_of(list(used) + passes.input_targets(inputs), args, flat)
+                n = len(used)
+                grads_w, grads_x = grads[:n], grads[n:]
+            elif taped is not None:
                 tape, targets, weights, inputs = taped
                 used = weights
                 grads = tape.gradient(

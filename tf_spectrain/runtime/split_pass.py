@@ -1,0 +1,124 @@
+"""A stage's forward in one window graph and its backward in a later one, without recompute.
+
+Inside one graph, a `tf.GradientTape` around a nested function call differentiates it by
+rewriting the call into TensorFlow's *forward function*, which also returns the
+intermediates the *backward function* needs, and calling that backward function with them.
+`split_forward` calls the forward function itself, so that those intermediates can leave
+the window as tensors (`runtime.window_carried`); `split_backward`, in a later window,
+calls the backward function with them: the gradients the tape would give, with the
+forward computed once.
+
+TensorFlow has no public API for the pair: this module alone uses the private
+`ConcreteFunction._delayed_rewrite_functions` (the pair the tape itself uses, cached per
+function), and `supports_split` says whether a function offers it.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+from tensorflow.python.eager import backprop_util  # which outputs take gradients
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import default_gradient
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    """One traced function's forward and backward functions and how they connect."""
+
+    concrete: object  # the traced function (kept alive: its id keys `_PAIRS`)
+    forward: object  # AtomicFunction: the outputs, then the backward's intermediates
+    backward: object  # ConcreteFunction: output gradients -> gradients of the inputs
+    num_outputs: int  # the original function's flat outputs
+    differentiated: tuple  # the placeholders of the outputs that take gradients
+    sources: tuple  # per capture of `backward`: index into `forward`'s outputs, or None
+    num_inputs: int  # the traced function's flat inputs (captures excluded)
+
+
+_PAIRS = {}  # (id(concrete function), differentiated outputs) -> _Pair
+
+
+def supports_split(function):
+    """Whether `function` (a stage's pass function) can be split: a `tf.function` without
+    XLA (an XLA function runs as one program)."""
+    return hasattr(function, "get_concrete_function") and not getattr(
+        function, "_jit_compile", False)
+
+
+def _pair(function, args, num_differentiated):
+    """The `_Pair` of `function` traced for `args` (traced once, then cached)."""
+    concrete = function.get_concrete_function(*args)
+    key = (id(concrete), num_differentiated)
+    pair = _PAIRS.get(key)
+    if pair is None:
+        delayed = concrete._delayed_rewrite_functions  # noqa: SLF001 (no public API)
+        forward, backward = delayed.forward_backward(num_differentiated)
+        graph = concrete.graph
+        index = {ops.tensor_id(t): n for n, t in enumerate(graph.outputs)}
+        pair = _PAIRS[key] = _Pair(
+            concrete, forward, backward, delayed._num_inference_outputs,  # noqa: SLF001
+            tuple(graph.outputs[:num_differentiated]),
+            tuple(index.get(ops.tensor_id(c)) for c in backward.captured_inputs),
+            len(graph.inputs) - len(concrete.captured_inputs))
+    return pair
+
+
+def flat_tensors(args):
+    """The tensors of the nest `args`, in the order a traced function takes them."""
+    return [t for t in tf.nest.flatten(args) if isinstance(t, (tf.Tensor, tf.Variable))]
+
+
+def _flat(args, pair):
+    flat = flat_tensors(args)
+    if len(flat) != pair.num_inputs:
+        raise ValueError(f"{len(flat)} tensors for a function of {pair.num_inputs} inputs")
+    return flat
+
+
+def split_forward(function, args, num_differentiated):
+    """Calls `function(*args)` in the graph being traced as its forward function.
+
+    Args:
+        function: a `tf.function` for which `supports_split` holds.
+        args: its positional arguments (nests of tensors).
+        num_differentiated: how many of its first flat outputs take gradients.
+
+    Returns:
+        `(outputs, side)`: `function`'s outputs, and the intermediates that
+        `split_backward` takes (a list of tensors).
+    """
+    pair = _pair(function, args, num_differentiated)
+    flat = pair.forward.call_flat(*(_flat(args, pair) + list(pair.concrete.captured_inputs)))
+    outputs = pair.concrete.function_type.pack_output(flat[: pair.num_outputs])
+    return outputs, [flat[n] for n in pair.sources if n is not None]
+
+
+def split_backward(function, args, num_differentiated, side, output_gradients):
+    """The gradients of the flat inputs of `function(*args)`, from `split_forward`'s `side`.
+
+    Args:
+        function, args, num_differentiated: as given to `split_forward` (`args` may be
+            the same values carried into another graph: they select the same trace).
+        side: the intermediates `split_forward` returned (they may have crossed windows).
+        output_gradients: the gradients of the differentiated outputs (a list in flat
+            order), or None for ones (a loss).
+
+    Returns:
+        A list with one entry per flat input of `args` (`tf.nest.flatten` order), None
+        where the outputs do not depend on it.
+    """
+    pair = _pair(function, args, num_differentiated)
+    if output_gradients is None:
+        output_gradients = [tf.ones(p.shape, p.dtype) for p in pair.differentiated]
+    cleaned = []
+    for given, placeholder in zip(output_gradients, pair.differentiated, strict=True):
+        if not backprop_util.IsTrainable(placeholder):
+            continue
+        if isinstance(given, tf.IndexedSlices):
+            given = tf.convert_to_tensor(given)
+        cleaned.append(given if given is not None
+                       else default_gradient.zeros_like(placeholder))
+    side = iter(side)
+    captures = [next(side) if n is not None else c
+                for n, c in zip(pair.sources, pair.backward.captured_inputs)]
+    grads = pair.backward._call_flat(cleaned, captures)  # noqa: SLF001
+    return list(grads)[: pair.num_inputs]
