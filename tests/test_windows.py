@@ -9,9 +9,12 @@ window, as Keras runs them with `steps_per_execution`; stopping, learning rates 
 callbacks, tracing.
 """
 
+import collections
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from runtimes import EAGER, compile_quietly
 
 import tf_spectrain
@@ -305,3 +308,43 @@ def test_data_that_runs_out_in_a_window_says_what_to_do():
     with pytest.raises(ValueError, match=r"ran out after 4 mini-batches of an epoch of 6.*"
                        r"repeat"):
         pipe.fit(ds, epochs=1, steps_per_epoch=6, verbose=0)
+
+
+RUNS = collections.Counter()  # layer name -> forwards computed (counted inside the graph)
+
+
+class CountsForwards(keras.layers.Layer):
+    """Passes its input on, counting each time its forward is computed."""
+
+    def call(self, x):
+        def count(_):
+            RUNS[self.name] += 1
+            return np.float32(0.0)
+
+        zero = tf.numpy_function(count, [x], tf.float32)  # stateful: never pruned
+        return x + tf.stop_gradient(tf.ensure_shape(zero, ()))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+@pytest.mark.parametrize("recompute, per_batch", [("auto", 1), ("always", 2)])
+def test_windows_of_one_compute_each_forward_once_unless_asked_to_recompute(recompute,
+                                                                            per_batch):
+    # Windows of one: each of stage 0's backwards comes a window after its forward. Stash
+    # takes the forward's intermediates there (runtime.split_pass): one forward per
+    # mini-batch, as pass by pass; with recompute="always" its backward recomputes it.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(16, activation="relu", name="dense0")(inputs)
+    h = CountsForwards(name="counted")(h)
+    out = keras.layers.Dense(3, name="out")(keras.layers.Dense(8, name="dense1")(h))
+    pipe = PipelineModel(keras.Model(inputs, out), cuts=["counted"], mode="stash",
+                         recompute=recompute)
+    pipe.compile(SpecTrainSGD(LR, momentum=MOMENTUM),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 steps_per_execution=1)
+    x, y = data(num_batches=4, last=BATCH)
+    RUNS.clear()
+    pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert RUNS["counted"] == per_batch * 4
