@@ -283,6 +283,13 @@ def test_window_size_auto_follows_the_callbacks(tmp_path):
                             ) == loop.AUTO_WINDOW
     assert not loop.pass_times([untimed])
     assert loop.window_size(4, [traced]) == 4
+    # A short fit (all its epochs) runs windows of one: no shape of its own length to build.
+    short = loop.SHORT_FIT - 1
+    assert loop.window_size("auto", None, num_batches=short) == 1
+    assert loop.window_size("auto", None, num_batches=short + 1) == loop.AUTO_WINDOW
+    assert loop.window_size("auto", None, num_batches=None) == loop.AUTO_WINDOW  # unknown
+    assert loop.window_size(4, None, num_batches=2) == 4
+    assert loop.window_size("auto", None, run_eagerly=True, num_batches=2) is None
 
 
 @pytest.mark.parametrize("value, error", [(0, ValueError), ("eight", ValueError),

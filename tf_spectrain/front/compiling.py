@@ -90,9 +90,11 @@ class Compiling:
                 training math is the same for every K (docs/SPECTRAIN.md section 3a).
                 1 (Keras' default) is a graph call per mini-batch, whose passes still
                 overlap across the stages. `"auto"` (the default): 8, unless a callback
-                of your own has per-batch hooks or the stages are on workers' CPUs
-                (then 1; docs/RESULTS.md section 18). The telemetry's prediction
-                errors are measured inside the windows.
+                of your own has per-batch hooks, the stages are on workers' CPUs
+                (docs/RESULTS.md section 18) or the `fit` trains fewer than 64
+                mini-batches in all (windows of one build three small graphs for any
+                length of epoch): then 1. The telemetry's prediction errors are
+                measured inside the windows.
             weighted_metrics: as in Keras, metrics updated with the sample weights of
                 `fit(sample_weight=...)`, `class_weight` or a dataset's `(x, y,
                 sample_weight)` batches (`metrics` ignore them); one named as a metric of

@@ -153,8 +153,9 @@ class Fitting:
 
         if self._train_logs is None:
             self._train_logs = TrainLogs(self.all_runners, self.metrics, self.progress)
+        total = None if feed.num_batches is None else feed.num_batches * (epochs - initial_epoch)
         window = window_size(self.steps_per_execution, callbacks, self.run_eagerly,
-                             self.devices)
+                             self.devices, total)
         self._loop = FitLoop(self, callback_list, self._train_logs, feed.num_batches, on_nan,
                              window)
         try:

@@ -30,6 +30,8 @@ from tf_spectrain.workflow import keras_fit
 AUTO = "auto"
 AUTO_WINDOW = 8
 """Mini-batches per graph call with `steps_per_execution="auto"` where callbacks allow."""
+SHORT_FIT = 64
+"""With `"auto"`, a `fit` of fewer mini-batches than this runs windows of one."""
 _BATCH_HOOKS = ("on_train_batch_begin", "on_batch_begin", "on_train_batch_end", "on_batch_end")
 
 
@@ -60,7 +62,7 @@ def has_test_batch_hooks(callbacks):
                for c in callbacks or ())
 
 
-def window_size(setting, callbacks, run_eagerly=False, devices=()):
+def window_size(setting, callbacks, run_eagerly=False, devices=(), num_batches=None):
     """The mini-batches a `fit` runs per graph call.
 
     Args:
@@ -68,23 +70,35 @@ def window_size(setting, callbacks, run_eagerly=False, devices=()):
         callbacks: the user's callbacks of this `fit` (a list, or None).
         run_eagerly: the compiled `run_eagerly`: True runs pass by pass.
         devices: the stages' device names.
+        num_batches: the mini-batches this `fit` trains (all its epochs), or None when
+            unknown.
 
     Returns:
         None with `run_eagerly` (each pass its own call from its stage's thread). Else the
-        int itself; for `"auto"`, `AUTO_WINDOW`, unless a callback of the user's own has
-        per-batch hooks (then 1: each mini-batch its own call, so those hooks see every
-        mini-batch, as in `keras.Model.fit` with the default `steps_per_execution`) or a
-        stage is on a worker's CPU (then 1: across hosts on 100 Mbit/s, VGG16 trained at
-        45.6 and 45.1 images/s in stash and paper SpecTrain in windows of one against
-        44.9 and 33.3 in windows of 8; docs/RESULTS.md section 18). A callback that asks
-        for each pass's times (`needs_pass_times = True`, as `callbacks.PipelineTrace`
-        does) gets them from the window graphs (`pass_times`).
+        int itself; for `"auto"`, `AUTO_WINDOW`, unless:
+
+        - a callback of the user's own has per-batch hooks: then 1, each mini-batch its
+          own call, so those hooks see every mini-batch, as in `keras.Model.fit` with the
+          default `steps_per_execution`;
+        - a stage is on a worker's CPU: then 1 (across hosts on 100 Mbit/s, VGG16 trained
+          at 45.6 and 45.1 images/s in stash and paper SpecTrain in windows of one against
+          44.9 and 33.3 in windows of 8; docs/RESULTS.md section 18);
+        - the fit is short, fewer than `SHORT_FIT` mini-batches: then 1. Windows of one
+          have three shapes whatever the epoch's length (the first, the steady and the
+          last window), small graphs built in a fraction of the time of windows of 8,
+          whose shapes depend on the epoch's length: a fit of a new length builds new
+          ones, seconds that a short fit does not win back (docs/RESULTS.md section 17).
+
+        A callback that asks for each pass's times (`needs_pass_times = True`, as
+        `callbacks.PipelineTrace` does) gets them from the window graphs (`pass_times`).
     """
     if run_eagerly:
         return None
     if setting != AUTO:
         return int(setting)
     if any(_per_batch(c) for c in callbacks or ()) or on_workers_cpus(devices):
+        return 1
+    if num_batches is not None and num_batches < SHORT_FIT:
         return 1
     return AUTO_WINDOW
 
