@@ -113,7 +113,7 @@ def test_on_nan_must_be_stop_or_skip():
         pipe.fit(x, y, epochs=1, verbose=0, on_nan="ignore")
 
 
-@pytest.mark.parametrize("steps_per_execution", [EAGER, 1, "auto"])
+@pytest.mark.parametrize("steps_per_execution", [EAGER, 1, 8])
 def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch(
         steps_per_execution):
     keras.utils.set_random_seed(1)
@@ -140,14 +140,14 @@ def test_a_failing_op_propagates_promptly_naming_stage_pass_mini_batch_and_epoch
         # epoch's 8 mini-batches, or of mini-batch 5 or a neighbour), and TensorFlow may
         # report that cancellation (a victim pass) first; the note says so and how to see
         # the error itself.
-        window = ("mini-batches 0-7" if steps_per_execution == "auto"
+        window = ("mini-batches 0-7" if steps_per_execution == 8
                   else "mini-batch [3-5]")
         assert re.search(f"an op failed in a pass of the window of {window} of epoch 0", notes)
         assert "run_eagerly=True" in notes and "failed in the forward" not in notes
     else:  # the error itself, from inside a stage's function
         assert isinstance(info.value, tf.errors.InvalidArgumentError)
         assert "bad value" in str(info.value)
-        if steps_per_execution == "auto":
+        if steps_per_execution == 8:
             assert "stage 1 on /CPU:1 failed in a " in notes, notes
             assert "in the window of mini-batches 0-7 of epoch 0" in notes
         else:  # a window per mini-batch: the note names the pass, or the window

@@ -226,3 +226,14 @@ class StageMemory:
             device_peak=device_peak_bytes(self.device),
             peak_weight_copies=self.peak_weight_copies,
         )
+
+
+def per_example_bytes(tensors):
+    """The bytes of one example of `tensors` (their static shapes past the batch axis)."""
+    total = 0
+    for t in tensors:
+        count = 1
+        for dim in t.shape[1:]:
+            count *= int(dim or 0)
+        total += count * t.dtype.size
+    return total

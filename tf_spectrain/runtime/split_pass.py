@@ -20,6 +20,8 @@ from tensorflow.python.eager import backprop_util  # which outputs take gradient
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import default_gradient
 
+from tf_spectrain.runtime.graphs import add_gradients
+
 
 @dataclasses.dataclass(frozen=True)
 class _Pair:
@@ -122,3 +124,47 @@ def split_backward(function, args, num_differentiated, side, output_gradients):
                 for n, c in zip(pair.sources, pair.backward.captured_inputs)]
     grads = pair.backward._call_flat(cleaned, captures)  # noqa: SLF001
     return list(grads)[: pair.num_inputs]
+
+
+def gradients_of(targets, args, flat):
+    """The gradients of `targets` (tensors among `args`) from the gradients `flat` of
+    `args`' flat tensors, as `tf.GradientTape.gradient` gives them: zeros where
+    unconnected, summed where a tensor is passed twice."""
+    grads = []
+    tensors = flat_tensors(args)
+    for t in targets:
+        found = [g for u, g in zip(tensors, flat, strict=True) if u is t and g is not None]
+        if not found:
+            grads.append(tf.zeros_like(t))
+        else:
+            total = found[0]
+            for g in found[1:]:
+                total = add_gradients(total, g)
+            grads.append(total)
+    return grads
+
+
+def stage_forward(passes, args):
+    """A stage's `passes.forward_at_fn(*args)` (`runtime.passes.StagePasses`) as a split
+    forward: `(its outputs, the record that stage_backward takes)`; the gradients go to
+    its outputs and its penalty."""
+    outputs, side = split_forward(passes.forward_at_fn, args, _differentiated(passes, args))
+    return outputs, {"side": side, "args": args}
+
+
+def stage_backward(passes, record, output_gradients):
+    """The backward of `stage_forward`'s pass from its `record` (which may have crossed
+    windows): `(the weights it used, their gradients, the gradients of the inputs the
+    previous stage needs)`, as a tape around the forward would give them."""
+    args = record["args"]
+    weights, inputs = list(args[0]), args[1]
+    flat = split_backward(passes.forward_at_fn, args, _differentiated(passes, args),
+                          record["side"], output_gradients)
+    grads = gradients_of(weights + passes.input_targets(inputs), args, flat)
+    return args[0], grads[: len(weights)], grads[len(weights):]
+
+
+def _differentiated(passes, args):
+    """How many flat outputs of `forward_at(*args)` take gradients: its outputs, penalty."""
+    outputs = passes.forward_at_fn.get_concrete_function(*args).structured_outputs[0]
+    return len(tf.nest.flatten(outputs)) + 1

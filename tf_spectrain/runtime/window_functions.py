@@ -96,7 +96,10 @@ class WindowFunctions:
         relative = tuple(sorted(((k, i - base, j), keep) for (k, i, j), keep in keeps.items()))
         probed = None if probe_plan is None else probe_plan.relative(base)
         applying = None if applies is None else tuple(sorted(i - base for i in applies))
-        key = (window.shape(), relative, with_rates, skips, timed, probed, applying)
+        # Mode 2bw: where the window starts in a group of `accumulate` mini-batches decides
+        # which held gradient each update adds to (`_group_gradient`), beyond `applies`.
+        phase = base % self.setup.accumulate
+        key = (window.shape(), relative, with_rates, skips, timed, probed, applying, phase)
         entry = self._cache.get(key)
         if entry is None:
             notes = []

@@ -35,51 +35,15 @@ from tf_spectrain.runtime.graphs import (
     divided_gradient,
 )
 from tf_spectrain.runtime.loss_scale import ScaledGradient
-from tf_spectrain.runtime.memory import tensor_bytes
+from tf_spectrain.runtime.memory import per_example_bytes, tensor_bytes
 from tf_spectrain.runtime.passes import with_penalty
-from tf_spectrain.runtime.split_pass import flat_tensors, split_backward, split_forward
+from tf_spectrain.runtime.split_pass import stage_backward, stage_forward
 from tf_spectrain.runtime.stage import ACTIVATIONS, WEIGHTS
 from tf_spectrain.runtime.window_carried import arrivals, decode, outgoing
 from tf_spectrain.runtime.window_errors import pass_name
 from tf_spectrain.runtime.window_probes import ProbeEmitter, pass_of
 from tf_spectrain.runtime.window_watch import PassMarks
 from tf_spectrain.schedule import BACKWARD, FORWARD, UPDATE
-
-
-def _differentiated(passes, args):
-    """How many flat outputs of the stage's `forward_at(*args)` take gradients: its
-    outputs and its penalty."""
-    outputs = passes.forward_at_fn.get_concrete_function(*args).structured_outputs[0]
-    return len(tf.nest.flatten(outputs)) + 1
-
-
-def _gradients_of(targets, args, flat):
-    """The gradients of `targets` (tensors among `args`) from the gradients `flat` of
-    `args`' flat tensors, as `tf.GradientTape.gradient` gives them: zeros where
-    unconnected, summed where a tensor is passed twice."""
-    grads = []
-    tensors = flat_tensors(args)
-    for t in targets:
-        found = [g for u, g in zip(tensors, flat, strict=True) if u is t and g is not None]
-        if not found:
-            grads.append(tf.zeros_like(t))
-        else:
-            total = found[0]
-            for g in found[1:]:
-                total = add_gradients(total, g)
-            grads.append(total)
-    return grads
-
-
-def _per_example_bytes(tensors):
-    """The bytes of one example of `tensors` (their static shapes past the batch axis)."""
-    total = 0
-    for t in tensors:
-        count = 1
-        for dim in t.shape[1:]:
-            count *= int(dim or 0)
-        total += count * t.dtype.size
-    return total
 
 
 class WindowEmitter:
@@ -190,10 +154,8 @@ class WindowEmitter:
                 weights = passes.weights(runner.plan.forward_steps)
             if keep == ACTIVATIONS and (k, i, j) not in self._backwards:
                 # Its backward comes in a later window: the intermediates go there.
-                args = (weights, inputs, labels_t, share)
-                (outputs, penalty, logits, finite), side = split_forward(
-                    passes.forward_at_fn, args, _differentiated(passes, args))
-                self.live[("split", k, i, j, r)] = {"side": side, "args": args}
+                (outputs, penalty, logits, finite), self.live[("split", k, i, j, r)] = (
+                    stage_forward(passes, (weights, inputs, labels_t, share)))
             elif keep == ACTIVATIONS:
                 tape = tf.GradientTape(watch_accessed_variables=False, persistent=False)
                 with tape:
@@ -215,7 +177,7 @@ class WindowEmitter:
         self.finished = finite  # all_finite of every output: computed once all are
         kept = inputs + ([] if labels is None else tf.nest.flatten(labels))
         self.notes.append((
-            "kept", setup.index(r, k), (i, j), _per_example_bytes(kept),
+            "kept", setup.index(r, k), (i, j), per_example_bytes(kept),
             tensor_bytes(record.get("non_trainable", [])),
             tensor_bytes(weights) if keep == WEIGHTS else None, keep == ACTIVATIONS,
         ))
@@ -239,13 +201,7 @@ class WindowEmitter:
             split = self.live.pop(("split", k, i, j, r), None)
             used = None  # the weights the backward used, where not recomputed from the plan
             if split is not None:
-                args = split["args"]
-                used, inputs = args[0], args[1]
-                flat = split_backward(passes.forward_at_fn, args, _differentiated(passes, args),
-                                      split["side"], output_grads)
-                grads = _gradients_of(list(used) + passes.input_targets(inputs), args, flat)
-                n = len(used)
-                grads_w, grads_x = grads[:n], grads[n:]
+                used, grads_w, grads_x = stage_backward(passes, split, output_grads)
             elif taped is not None:
                 tape, targets, weights, inputs = taped
                 used = weights
@@ -278,7 +234,7 @@ class WindowEmitter:
                 grads_w = [add_gradients(a, g) for a, g in zip(self.live[pending], grads_w)]
             self.live[pending] = grads_w
             if passes.loss_scale is not None:
-                self._note_scaled(k, i, r, out_scale, came_finite, finite)
+                _note_scaled(self.live, ("scaled", k, i, r), out_scale, came_finite, finite)
         if self.probes is not None and r == 0 and j == 0:
             self.probes.after_pass(k, runner, BACKWARD, i, used=used)
         self.flags.append((setup.index(r, k), BACKWARD, (i, j), finite))
@@ -289,15 +245,6 @@ class WindowEmitter:
             if passes.loss_scale is not None:
                 sent = ScaledGradient(sent, out_scale)
             self.live[("grad", k - 1, i, j, r)] = sent
-
-    def _note_scaled(self, k, i, r, scale, received, finite):
-        key = ("scaled", k, i, r)
-        if key not in self.live:
-            self.live[key] = {"scale": scale, "received": received, "finite": finite}
-        else:
-            before = self.live[key]
-            before["received"] = tf.logical_and(before["received"], received)
-            before["finite"] = tf.logical_and(before["finite"], finite)
 
     # --- updates and reports ----------------------------------------------------------------
 
@@ -394,6 +341,16 @@ class WindowEmitter:
         self.losses.append(loss)
         pairs = [(p["labels"], p["logits"]) for p in parts]
         setup.report_fn(loss, self.labels[i][1], pairs)
+
+
+def _note_scaled(live, key, scale, received, finite):
+    """Adds a micro-batch's loss-scale flags to its mini-batch's, under `key` in `live`."""
+    if key not in live:
+        live[key] = {"scale": scale, "received": received, "finite": finite}
+    else:
+        before = live[key]
+        before["received"] = tf.logical_and(before["received"], received)
+        before["finite"] = tf.logical_and(before["finite"], finite)
 
 
 def group_gradient(setup, live, applies, k, i, summed):
