@@ -223,7 +223,8 @@ def _add_logging(add):
         type=_auto_or_int,
         help="mini-batches per graph call (Keras' compile argument): pipelines run every "
         "stage's passes of that many in one TensorFlow graph, with per-step logs and "
-        "callbacks once per call; 'auto' is 8 where the stages are GPUs, 1 on the CPUs "
+        "callbacks once per call; 'auto' is 8 where the stages are GPUs (1 for a run of "
+        "fewer than 64 mini-batches in all), 1 on the CPUs "
         "of workers (--cluster), and pass by pass (as --run-eagerly) on a CPU-only "
         "machine, whose passes are long",
     )
