@@ -312,11 +312,11 @@ def graph_calls(setting, run_eagerly, device_names):
     VGG16 stage's pass computes for tens of milliseconds, and pass by pass is the fastest
     there: the main command's whole run (paper SpecTrain, whose backwards recompute their
     forwards in every runtime) took 113-118 s pass by pass against 129-149 s in windows of
-    one and 139 s in windows of 8 (which build their graphs; RESULTS.md section 17). Across hosts, pass by pass moves more than
-    activations: a pass called from the trainer under a GradientTape returns what its
-    backward needs (the stage's weights read, its layers' activations) by way of the
-    trainer, so VGG16's last stage sent 61 MB per mini-batch where windows send 4 MB
-    (RESULTS.md section 18).
+    one and 139 s in windows of 8 (which build their graphs; RESULTS.md section 17).
+    Across hosts, pass by pass moves more than activations: a pass called from the
+    trainer under a GradientTape returns what its backward needs (the stage's weights
+    read, its layers' activations) by way of the trainer, so VGG16's last stage sent 61 MB
+    per mini-batch where windows send 4 MB (RESULTS.md section 18).
     """
     if run_eagerly or setting != "auto":
         return setting, run_eagerly
