@@ -27,7 +27,7 @@ from tf_spectrain.runtime.graphs import add_gradients
 class _Pair:
     """One traced function's forward and backward functions and how they connect."""
 
-    concrete: object  # the traced function (kept alive: its id keys `_PAIRS`)
+    concrete: object  # the traced function
     forward: object  # AtomicFunction: the outputs, then the backward's intermediates
     backward: object  # ConcreteFunction: output gradients -> gradients of the inputs
     num_outputs: int  # the original function's flat outputs
@@ -36,7 +36,7 @@ class _Pair:
     num_inputs: int  # the traced function's flat inputs (captures excluded)
 
 
-_PAIRS = {}  # (id(concrete function), differentiated outputs) -> _Pair
+_PAIRS = "_tf_spectrain_split_pairs"  # a traced function's attribute: {outputs: _Pair}
 
 
 def supports_split(function):
@@ -49,14 +49,17 @@ def supports_split(function):
 def _pair(function, args, num_differentiated):
     """The `_Pair` of `function` traced for `args` (traced once, then cached)."""
     concrete = function.get_concrete_function(*args)
-    key = (id(concrete), num_differentiated)
-    pair = _PAIRS.get(key)
+    pairs = getattr(concrete, _PAIRS, None)
+    if pairs is None:  # kept on the traced function: they live and go with it
+        pairs = {}
+        setattr(concrete, _PAIRS, pairs)
+    pair = pairs.get(num_differentiated)
     if pair is None:
         delayed = concrete._delayed_rewrite_functions  # noqa: SLF001 (no public API)
         forward, backward = delayed.forward_backward(num_differentiated)
         graph = concrete.graph
         index = {ops.tensor_id(t): n for n, t in enumerate(graph.outputs)}
-        pair = _PAIRS[key] = _Pair(
+        pair = pairs[num_differentiated] = _Pair(
             concrete, forward, backward, delayed._num_inference_outputs,  # noqa: SLF001
             tuple(graph.outputs[:num_differentiated]),
             tuple(index.get(ops.tensor_id(c)) for c in backward.captured_inputs),
